@@ -1,0 +1,671 @@
+//! The sidecar's configuration: the TOML file of SPEC §2.1 and its validation.
+//!
+//! [`SidecarConfig`] is the wire shape (what the file holds; the control plane writes it with
+//! `toml::to_string`). [`Settings::from_config`] validates *everything* and returns either a
+//! ready-to-run [`Settings`] or every problem found, each naming its key (`secrets[1].hosts[0]`).
+//! Nothing starts half-configured.
+
+use std::collections::{BTreeMap, HashMap};
+use std::fmt;
+use std::net::SocketAddr;
+use std::path::{Path, PathBuf};
+
+use serde::{Deserialize, Serialize};
+
+use crate::egress::EgressPolicy;
+use crate::hosts::{HostPattern, HostSet};
+use crate::secrets::{Location, LocationSet, Secret};
+
+/// Default explicit-proxy listen address.
+pub const DEFAULT_LISTEN: &str = "127.0.0.1:14322";
+/// Default admin listen address.
+pub const DEFAULT_ADMIN_LISTEN: &str = "127.0.0.1:14323";
+
+/// The TOML file, as written. Every key is optional except inside `[[secrets]]`.
+#[derive(Debug, Clone, Default, Serialize, Deserialize, PartialEq)]
+#[serde(deny_unknown_fields)]
+pub struct SidecarConfig {
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub listen: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub admin_listen: Option<String>,
+    /// iptables-redirected connections (transparent mode).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub transparent_listen: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub ca_cert_path: Option<PathBuf>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub ca_cert_file: Option<PathBuf>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub ca_key_file: Option<PathBuf>,
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub upstream_ca_files: Vec<PathBuf>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub intercept: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub secrets_file: Option<PathBuf>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub admin_token_file: Option<PathBuf>,
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub resolve: BTreeMap<String, String>,
+    #[serde(default, skip_serializing_if = "EgressConfig::is_empty")]
+    pub egress: EgressConfig,
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub secrets: Vec<SecretSpec>,
+}
+
+/// `[egress]`: host patterns; deny wins over allow; a non-empty allow list is exclusive.
+#[derive(Debug, Clone, Default, Serialize, Deserialize, PartialEq)]
+#[serde(deny_unknown_fields)]
+pub struct EgressConfig {
+    #[serde(default)]
+    pub allow: Vec<String>,
+    #[serde(default)]
+    pub deny: Vec<String>,
+}
+
+impl EgressConfig {
+    pub fn is_empty(&self) -> bool {
+        self.allow.is_empty() && self.deny.is_empty()
+    }
+}
+
+/// One `[[secrets]]` entry (also the element of `secrets_file`'s `{"secrets": [...]}`).
+#[derive(Clone, Default, Serialize, Deserialize, PartialEq)]
+#[serde(deny_unknown_fields)]
+pub struct SecretSpec {
+    pub name: String,
+    pub stub: String,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub value: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub value_env: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub value_file: Option<PathBuf>,
+    #[serde(default)]
+    pub hosts: Vec<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub locations: Option<Vec<String>>,
+}
+
+impl fmt::Debug for SecretSpec {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("SecretSpec")
+            .field("name", &self.name)
+            .field("value", &self.value.as_ref().map(|_| "<redacted>"))
+            .field("value_env", &self.value_env)
+            .field("value_file", &self.value_file)
+            .field("hosts", &self.hosts)
+            .field("locations", &self.locations)
+            .finish_non_exhaustive()
+    }
+}
+
+/// `secrets_file`'s JSON shape.
+#[derive(Debug, Clone, Default, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct SecretsFile {
+    pub secrets: Vec<SecretSpec>,
+}
+
+/// Which connections are intercepted (TLS-terminated) rather than tunnelled.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum InterceptMode {
+    /// Only hosts that some secret is bound to; others are tunnelled byte for byte.
+    BoundHosts,
+    /// Every CONNECT target (the stub tripwire then covers every host).
+    All,
+}
+
+/// Where the CA comes from.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum CaSource {
+    /// Generate a fresh per-pod CA at start; its key never leaves memory.
+    Generate,
+    /// Load this CA (cluster-CA mode).
+    Files { cert: PathBuf, key: PathBuf },
+}
+
+/// A problem in the configuration, naming the key.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ConfigError {
+    /// Dotted key path, e.g. `secrets[0].value_env` or `listen`.
+    pub key: String,
+    pub reason: String,
+}
+
+impl fmt::Display for ConfigError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "{}: {}", self.key, self.reason)
+    }
+}
+
+/// All the problems found in one configuration.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub struct ConfigErrors(pub Vec<ConfigError>);
+
+impl fmt::Display for ConfigErrors {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        for (i, e) in self.0.iter().enumerate() {
+            if i > 0 {
+                f.write_str("\n")?;
+            }
+            write!(f, "{e}")?;
+        }
+        Ok(())
+    }
+}
+
+/// A validated configuration, ready to run.
+#[derive(Debug, Clone)]
+pub struct Settings {
+    pub listen: SocketAddr,
+    pub admin_listen: SocketAddr,
+    pub transparent_listen: Option<SocketAddr>,
+    pub ca_cert_path: Option<PathBuf>,
+    pub ca: CaSource,
+    pub upstream_ca_files: Vec<PathBuf>,
+    pub intercept: InterceptMode,
+    pub secrets_file: Option<PathBuf>,
+    pub admin_token_file: Option<PathBuf>,
+    /// `(host lowercase, port)` → address, like `curl --resolve`.
+    pub resolve: HashMap<(String, u16), SocketAddr>,
+    pub egress: EgressPolicy,
+    /// Secrets given inline in the config file.
+    pub inline_secrets: Vec<SecretSpec>,
+    /// Inline secrets plus those of `secrets_file`, validated.
+    pub secrets: Vec<Secret>,
+}
+
+/// Read and parse a config file; a syntax error is reported against the file.
+pub fn read_config(path: &Path) -> Result<SidecarConfig, ConfigErrors> {
+    let text = std::fs::read_to_string(path).map_err(|e| one("config", format!("cannot read {}: {e}", path.display())))?;
+    parse_config(&text)
+}
+
+/// Parse config TOML text.
+pub fn parse_config(text: &str) -> Result<SidecarConfig, ConfigErrors> {
+    toml::from_str(text).map_err(|e| {
+        let key = e.span().map(|s| key_at(text, s.start)).unwrap_or_else(|| "config".to_owned());
+        one(&key, e.message().to_owned())
+    })
+}
+
+/// Best effort: the key named on the line where a TOML error starts.
+fn key_at(text: &str, offset: usize) -> String {
+    let line_start = text[..offset.min(text.len())].rfind('\n').map_or(0, |i| i + 1);
+    let line = text[line_start..].lines().next().unwrap_or("");
+    match line.split_once('=') {
+        Some((k, _)) => k.trim().trim_matches('"').to_owned(),
+        None => line.trim().to_owned(),
+    }
+}
+
+fn one(key: &str, reason: String) -> ConfigErrors {
+    ConfigErrors(vec![ConfigError { key: key.to_owned(), reason }])
+}
+
+/// Parse `secrets_file` JSON.
+pub fn read_secrets_file(path: &Path) -> Result<Vec<SecretSpec>, ConfigErrors> {
+    let text = std::fs::read_to_string(path)
+        .map_err(|e| one("secrets_file", format!("cannot read {}: {e}", path.display())))?;
+    let file: SecretsFile = serde_json::from_str(&text)
+        .map_err(|e| one("secrets_file", format!("{}: invalid JSON: {e}", path.display())))?;
+    Ok(file.secrets)
+}
+
+struct Problems(Vec<ConfigError>);
+
+impl Problems {
+    fn add(&mut self, key: impl Into<String>, reason: impl Into<String>) {
+        self.0.push(ConfigError { key: key.into(), reason: reason.into() });
+    }
+}
+
+impl Settings {
+    /// Validate a parsed config, reading `value_env`, `value_file` and `secrets_file`.
+    pub fn from_config(config: &SidecarConfig) -> Result<Self, ConfigErrors> {
+        Self::from_config_with_env(config, &|name| std::env::var(name).ok())
+    }
+
+    /// [`Settings::from_config`] with an injectable environment (for tests).
+    pub fn from_config_with_env(
+        config: &SidecarConfig,
+        env: &dyn Fn(&str) -> Option<String>,
+    ) -> Result<Self, ConfigErrors> {
+        let mut problems = Problems(Vec::new());
+        let listen = addr(&mut problems, "listen", config.listen.as_deref(), DEFAULT_LISTEN);
+        let admin_listen = addr(&mut problems, "admin_listen", config.admin_listen.as_deref(), DEFAULT_ADMIN_LISTEN);
+        let transparent_listen = config
+            .transparent_listen
+            .as_deref()
+            .map(|s| addr(&mut problems, "transparent_listen", Some(s), DEFAULT_LISTEN));
+        if listen == admin_listen && listen.port() != 0 {
+            problems.add("admin_listen", "must differ from `listen`");
+        }
+
+        let ca = match (&config.ca_cert_file, &config.ca_key_file) {
+            (None, None) => CaSource::Generate,
+            (Some(cert), Some(key)) => {
+                for (k, p) in [("ca_cert_file", cert), ("ca_key_file", key)] {
+                    if !p.is_file() {
+                        problems.add(k, format!("{} is not a readable file", p.display()));
+                    }
+                }
+                CaSource::Files { cert: cert.clone(), key: key.clone() }
+            }
+            (Some(_), None) => {
+                problems.add("ca_key_file", "required when ca_cert_file is set");
+                CaSource::Generate
+            }
+            (None, Some(_)) => {
+                problems.add("ca_cert_file", "required when ca_key_file is set");
+                CaSource::Generate
+            }
+        };
+        for (i, p) in config.upstream_ca_files.iter().enumerate() {
+            if !p.is_file() {
+                problems.add(format!("upstream_ca_files[{i}]"), format!("{} is not a readable file", p.display()));
+            }
+        }
+        let intercept = match config.intercept.as_deref() {
+            None | Some("bound-hosts") => InterceptMode::BoundHosts,
+            Some("all") => InterceptMode::All,
+            Some(other) => {
+                problems.add("intercept", format!("`{other}` is not one of \"bound-hosts\", \"all\""));
+                InterceptMode::BoundHosts
+            }
+        };
+        if let Some(p) = &config.admin_token_file {
+            match std::fs::read_to_string(p) {
+                Ok(t) if t.trim().is_empty() => problems.add("admin_token_file", format!("{} is empty", p.display())),
+                Ok(_) => {}
+                Err(e) => problems.add("admin_token_file", format!("cannot read {}: {e}", p.display())),
+            }
+        }
+
+        let mut resolve = HashMap::new();
+        for (k, v) in &config.resolve {
+            let key = format!("resolve.\"{k}\"");
+            let Some((host, port)) = split_host_port(k) else {
+                problems.add(key, "key must be host:port (e.g. \"api.anthropic.com:443\")");
+                continue;
+            };
+            match v.parse::<SocketAddr>() {
+                Ok(a) => {
+                    resolve.insert((host.trim_end_matches('.').to_ascii_lowercase(), port), a);
+                }
+                Err(_) => problems.add(key, format!("`{v}` is not an address:port (e.g. \"127.0.0.1:8443\")")),
+            }
+        }
+
+        let allow = patterns(&mut problems, "egress.allow", &config.egress.allow);
+        let deny = patterns(&mut problems, "egress.deny", &config.egress.deny);
+
+        let mut specs: Vec<(String, &SecretSpec)> =
+            config.secrets.iter().enumerate().map(|(i, s)| (format!("secrets[{i}]"), s)).collect();
+        let file_specs = match &config.secrets_file {
+            Some(path) => match read_secrets_file(path) {
+                Ok(s) => s,
+                Err(errs) => {
+                    problems.0.extend(errs.0);
+                    Vec::new()
+                }
+            },
+            None => Vec::new(),
+        };
+        specs.extend(file_specs.iter().enumerate().map(|(i, s)| (format!("secrets_file.secrets[{i}]"), s)));
+        let secrets = validate_secrets(&mut problems, &specs, env);
+
+        let mut bound = HostSet::default();
+        for s in &secrets {
+            bound.0.extend(s.hosts.0.iter().cloned());
+        }
+        let egress = EgressPolicy::new(HostSet(allow), HostSet(deny), bound);
+
+        if !problems.0.is_empty() {
+            return Err(ConfigErrors(problems.0));
+        }
+        Ok(Self {
+            listen,
+            admin_listen,
+            transparent_listen,
+            ca_cert_path: config.ca_cert_path.clone(),
+            ca,
+            upstream_ca_files: config.upstream_ca_files.clone(),
+            intercept,
+            secrets_file: config.secrets_file.clone(),
+            admin_token_file: config.admin_token_file.clone(),
+            resolve,
+            egress,
+            inline_secrets: config.secrets.clone(),
+            secrets,
+        })
+    }
+
+    /// Re-validate inline secrets plus a fresh read of `secrets_file` (for reload).
+    pub fn reload_secrets(&self) -> Result<Vec<Secret>, ConfigErrors> {
+        let mut problems = Problems(Vec::new());
+        let mut specs: Vec<(String, &SecretSpec)> =
+            self.inline_secrets.iter().enumerate().map(|(i, s)| (format!("secrets[{i}]"), s)).collect();
+        let file_specs = match &self.secrets_file {
+            Some(path) => read_secrets_file(path)?,
+            None => Vec::new(),
+        };
+        specs.extend(file_specs.iter().enumerate().map(|(i, s)| (format!("secrets_file.secrets[{i}]"), s)));
+        let env = |name: &str| std::env::var(name).ok();
+        let secrets = validate_secrets(&mut problems, &specs, &env);
+        if problems.0.is_empty() {
+            Ok(secrets)
+        } else {
+            Err(ConfigErrors(problems.0))
+        }
+    }
+}
+
+fn addr(problems: &mut Problems, key: &str, raw: Option<&str>, default: &str) -> SocketAddr {
+    let fallback: SocketAddr = default.parse().unwrap_or(SocketAddr::from(([127, 0, 0, 1], 0)));
+    match raw {
+        None => fallback,
+        Some(s) => s.parse().unwrap_or_else(|_| {
+            problems.add(key, format!("`{s}` is not an address:port (e.g. \"{default}\")"));
+            fallback
+        }),
+    }
+}
+
+fn patterns(problems: &mut Problems, key: &str, raw: &[String]) -> Vec<HostPattern> {
+    raw.iter()
+        .enumerate()
+        .filter_map(|(i, s)| match s.parse::<HostPattern>() {
+            Ok(p) => Some(p),
+            Err(e) => {
+                problems.add(format!("{key}[{i}]"), e.to_string());
+                None
+            }
+        })
+        .collect()
+}
+
+/// `host:port` or `[v6]:port`.
+pub fn split_host_port(s: &str) -> Option<(&str, u16)> {
+    let (host, port) = if let Some(rest) = s.strip_prefix('[') {
+        let (h, p) = rest.split_once("]:")?;
+        (h, p)
+    } else {
+        s.rsplit_once(':')?
+    };
+    if host.is_empty() || host.contains(':') && !s.starts_with('[') {
+        return None;
+    }
+    Some((host, port.parse().ok()?))
+}
+
+/// Minimum stub length: shorter stubs would match ordinary text.
+pub const MIN_STUB_LEN: usize = 8;
+
+fn is_env_name(s: &str) -> bool {
+    let mut bytes = s.bytes();
+    matches!(bytes.next(), Some(b) if b.is_ascii_alphabetic() || b == b'_')
+        && bytes.all(|b| b.is_ascii_alphanumeric() || b == b'_')
+}
+
+fn validate_secrets(
+    problems: &mut Problems,
+    specs: &[(String, &SecretSpec)],
+    env: &dyn Fn(&str) -> Option<String>,
+) -> Vec<Secret> {
+    let mut out = Vec::with_capacity(specs.len());
+    let mut names = HashMap::new();
+    let mut stubs: HashMap<&str, &str> = HashMap::new();
+    for (key, spec) in specs {
+        let before = problems.0.len();
+        if !is_env_name(&spec.name) {
+            problems.add(format!("{key}.name"), format!("`{}` must match [A-Za-z_][A-Za-z0-9_]*", spec.name));
+        } else if let Some(prev) = names.insert(spec.name.as_str(), key.as_str()) {
+            problems.add(format!("{key}.name"), format!("`{}` is already defined by {prev}", spec.name));
+        }
+        if spec.stub.len() < MIN_STUB_LEN {
+            problems.add(format!("{key}.stub"), format!("required, at least {MIN_STUB_LEN} bytes"));
+        } else if spec.stub.bytes().any(|b| !(0x21..0x7f).contains(&b)) {
+            problems.add(format!("{key}.stub"), "must be printable ASCII without spaces");
+        } else if let Some(prev) = stubs.insert(spec.stub.as_str(), spec.name.as_str()) {
+            problems.add(format!("{key}.stub"), format!("same stub as secret `{prev}`"));
+        }
+        let sources = [spec.value.is_some(), spec.value_env.is_some(), spec.value_file.is_some()];
+        let value = match sources.iter().filter(|s| **s).count() {
+            0 => {
+                problems.add(format!("{key}.value"), "one of value, value_env, value_file is required");
+                None
+            }
+            1 => {
+                if let Some(v) = &spec.value {
+                    Some(v.clone())
+                } else if let Some(var) = &spec.value_env {
+                    let v = env(var);
+                    if v.is_none() {
+                        problems.add(format!("{key}.value_env"), format!("environment variable `{var}` is not set"));
+                    }
+                    v
+                } else if let Some(path) = &spec.value_file {
+                    match std::fs::read_to_string(path) {
+                        Ok(v) => Some(v.trim_end_matches(['\r', '\n']).to_owned()),
+                        Err(e) => {
+                            problems.add(format!("{key}.value_file"), format!("cannot read {}: {e}", path.display()));
+                            None
+                        }
+                    }
+                } else {
+                    None
+                }
+            }
+            _ => {
+                problems.add(format!("{key}.value"), "give exactly one of value, value_env, value_file");
+                None
+            }
+        };
+        if let Some(v) = &value {
+            if v.is_empty() {
+                problems.add(format!("{key}.value"), "the real value is empty");
+            } else if v == &spec.stub {
+                problems.add(format!("{key}.stub"), "must differ from the real value");
+            }
+        }
+        if spec.hosts.is_empty() {
+            problems.add(format!("{key}.hosts"), "required: at least one host the secret may be sent to");
+        }
+        let hosts = patterns(problems, &format!("{key}.hosts"), &spec.hosts);
+        let mut locations = LocationSet::default();
+        match &spec.locations {
+            None => locations.insert(Location::Header),
+            Some(list) if list.is_empty() => problems.add(format!("{key}.locations"), "must not be empty"),
+            Some(list) => {
+                for (i, l) in list.iter().enumerate() {
+                    match l.parse::<Location>() {
+                        Ok(loc) => locations.insert(loc),
+                        Err(e) => problems.add(format!("{key}.locations[{i}]"), e),
+                    }
+                }
+            }
+        }
+        if problems.0.len() == before {
+            if let Some(value) = value {
+                out.push(Secret {
+                    name: spec.name.clone(),
+                    stub: spec.stub.clone(),
+                    value,
+                    hosts: HostSet(hosts),
+                    locations,
+                });
+            }
+        }
+    }
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn settings(toml: &str) -> Result<Settings, ConfigErrors> {
+        let cfg = parse_config(toml)?;
+        Settings::from_config_with_env(&cfg, &|name| (name == "REAL_VAR").then(|| "from-env-value".to_owned()))
+    }
+
+    fn keys(errs: ConfigErrors) -> Vec<String> {
+        errs.0.into_iter().map(|e| e.key).collect()
+    }
+
+    #[test]
+    fn empty_config_uses_defaults() {
+        let s = settings("").expect("valid");
+        assert_eq!(s.listen.to_string(), DEFAULT_LISTEN);
+        assert_eq!(s.admin_listen.to_string(), DEFAULT_ADMIN_LISTEN);
+        assert_eq!(s.intercept, InterceptMode::BoundHosts);
+        assert_eq!(s.ca, CaSource::Generate);
+        assert!(s.secrets.is_empty());
+    }
+
+    #[test]
+    fn full_config_parses() {
+        let s = settings(
+            r#"
+            listen = "127.0.0.1:1"
+            admin_listen = "127.0.0.1:2"
+            intercept = "all"
+            [resolve]
+            "api.anthropic.com:443" = "127.0.0.1:8443"
+            [egress]
+            deny = ["10.0.0.0/8", "*.evil.example"]
+            [[secrets]]
+            name = "ANTHROPIC_API_KEY"
+            stub = "sk-ant-lapstub-0123456789"
+            value = "sk-ant-real"
+            hosts = ["api.anthropic.com"]
+            [[secrets]]
+            name = "GH"
+            stub = "ghp_lapstub_abcdefgh"
+            value_env = "REAL_VAR"
+            hosts = ["github.com", "*.githubusercontent.com"]
+            locations = ["header", "query", "body"]
+            "#,
+        )
+        .expect("valid");
+        assert_eq!(s.intercept, InterceptMode::All);
+        assert_eq!(s.resolve[&("api.anthropic.com".to_owned(), 443)].to_string(), "127.0.0.1:8443");
+        assert_eq!(s.secrets.len(), 2);
+        assert_eq!(s.secrets[1].value, "from-env-value");
+        assert!(s.secrets[1].locations.contains(Location::Body));
+        assert!(s.secrets[0].locations.contains(Location::Header));
+        assert!(!s.secrets[0].locations.contains(Location::Query));
+    }
+
+    #[test]
+    fn every_problem_is_reported_with_its_key() {
+        let errs = settings(
+            r#"
+            listen = "nope"
+            intercept = "some"
+            [resolve]
+            "bad" = "127.0.0.1:1"
+            [egress]
+            allow = ["a.*.b"]
+            [[secrets]]
+            name = "1BAD"
+            stub = "short"
+            value = "x"
+            value_env = "REAL_VAR"
+            hosts = []
+            locations = ["cookie"]
+            [[secrets]]
+            name = "OK"
+            stub = "okstub-123456"
+            value_env = "MISSING_VAR"
+            hosts = ["ex ample"]
+            "#,
+        )
+        .expect_err("invalid");
+        assert_eq!(
+            keys(errs),
+            vec![
+                "listen",
+                "intercept",
+                "resolve.\"bad\"",
+                "egress.allow[0]",
+                "secrets[0].name",
+                "secrets[0].stub",
+                "secrets[0].value",
+                "secrets[0].hosts",
+                "secrets[0].locations[0]",
+                "secrets[1].value_env",
+                "secrets[1].hosts[0]",
+            ]
+        );
+    }
+
+    #[test]
+    fn duplicate_names_and_stubs_are_rejected() {
+        let errs = settings(
+            r#"
+            [[secrets]]
+            name = "A"
+            stub = "stub-aaaaaaaa"
+            value = "v1"
+            hosts = ["a.com"]
+            [[secrets]]
+            name = "A"
+            stub = "stub-aaaaaaaa"
+            value = "v2"
+            hosts = ["a.com"]
+            "#,
+        )
+        .expect_err("invalid");
+        assert_eq!(keys(errs), vec!["secrets[1].name", "secrets[1].stub"]);
+    }
+
+    #[test]
+    fn unknown_keys_and_bad_syntax_name_the_key() {
+        let errs = settings("listen = \"127.0.0.1:1\"\nlisten_typo = 3\n").expect_err("invalid");
+        assert_eq!(errs.0[0].key, "listen_typo");
+        assert!(errs.0[0].reason.contains("unknown field"), "{}", errs.0[0].reason);
+    }
+
+    #[test]
+    fn value_file_is_read_and_trimmed() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let path = dir.path().join("v");
+        std::fs::write(&path, "real-from-file\n").expect("write");
+        let toml = format!(
+            "[[secrets]]\nname = \"F\"\nstub = \"stub-ffffffff\"\nvalue_file = {:?}\nhosts = [\"*\"]\n",
+            path
+        );
+        let s = settings(&toml).expect("valid");
+        assert_eq!(s.secrets[0].value, "real-from-file");
+    }
+
+    #[test]
+    fn config_round_trips_through_toml() {
+        let cfg = SidecarConfig {
+            listen: Some("127.0.0.1:5".into()),
+            secrets: vec![SecretSpec {
+                name: "N".into(),
+                stub: "stub-12345678".into(),
+                value: Some("v".into()),
+                hosts: vec!["a.com".into()],
+                ..Default::default()
+            }],
+            ..Default::default()
+        };
+        let text = toml::to_string(&cfg).expect("serialize");
+        assert_eq!(parse_config(&text).expect("parse"), cfg);
+    }
+
+    #[test]
+    fn split_host_port_forms() {
+        assert_eq!(split_host_port("a.com:443"), Some(("a.com", 443)));
+        assert_eq!(split_host_port("[::1]:8443"), Some(("::1", 8443)));
+        assert_eq!(split_host_port("::1:443"), None);
+        assert_eq!(split_host_port("a.com"), None);
+        assert_eq!(split_host_port(":443"), None);
+    }
+}

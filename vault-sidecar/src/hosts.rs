@@ -1,0 +1,238 @@
+//! Host patterns: which hosts a secret is bound to, and which hosts egress may reach.
+//!
+//! A pattern is one of (SPEC §2.1):
+//! - an exact host name, compared case-insensitively, trailing dot ignored (`api.anthropic.com`);
+//! - `*.suffix`: any subdomain of `suffix` at any depth, but not `suffix` itself;
+//! - an IP address (v4 or v6, `[v6]` accepted);
+//! - a CIDR block (`10.0.0.0/8`, `fd00::/8`);
+//! - `*`: any host.
+//!
+//! Matching is a pure function of the pattern and the *CONNECT target* host (never a header).
+
+use std::fmt;
+use std::net::IpAddr;
+use std::str::FromStr;
+
+use ipnet::IpNet;
+
+/// One host pattern, parsed. See the module docs for the grammar.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum HostPattern {
+    /// Any host (`*`).
+    Any,
+    /// Exactly this host name (lowercase, no trailing dot).
+    Exact(String),
+    /// Subdomains of this suffix; stored with its leading dot (`.github.com`).
+    Suffix(String),
+    /// Exactly this IP address.
+    Ip(IpAddr),
+    /// Any address in this block.
+    Cidr(IpNet),
+}
+
+/// Why a host pattern was rejected.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum HostPatternError {
+    #[error("empty host pattern")]
+    Empty,
+    #[error("`{0}` is not a valid host name, `*.suffix`, IP, CIDR or `*`")]
+    Invalid(String),
+    #[error("`{0}`: a wildcard is only allowed as the whole first label (`*.example.com`)")]
+    MisplacedWildcard(String),
+}
+
+impl FromStr for HostPattern {
+    type Err = HostPatternError;
+
+    fn from_str(raw: &str) -> Result<Self, Self::Err> {
+        let s = raw.trim();
+        if s.is_empty() {
+            return Err(HostPatternError::Empty);
+        }
+        if s == "*" {
+            return Ok(Self::Any);
+        }
+        if s.contains('/') {
+            return s
+                .parse::<IpNet>()
+                .map(|net| Self::Cidr(net.trunc()))
+                .map_err(|_| HostPatternError::Invalid(raw.to_owned()));
+        }
+        if let Some(ip) = parse_ip(s) {
+            return Ok(Self::Ip(ip));
+        }
+        if let Some(rest) = s.strip_prefix("*.") {
+            let suffix = normalize_name(rest);
+            if suffix.contains('*') {
+                return Err(HostPatternError::MisplacedWildcard(raw.to_owned()));
+            }
+            if !is_valid_dns_name(&suffix) {
+                return Err(HostPatternError::Invalid(raw.to_owned()));
+            }
+            return Ok(Self::Suffix(format!(".{suffix}")));
+        }
+        if s.contains('*') {
+            return Err(HostPatternError::MisplacedWildcard(raw.to_owned()));
+        }
+        let name = normalize_name(s);
+        if !is_valid_dns_name(&name) {
+            return Err(HostPatternError::Invalid(raw.to_owned()));
+        }
+        Ok(Self::Exact(name))
+    }
+}
+
+impl fmt::Display for HostPattern {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            Self::Any => f.write_str("*"),
+            Self::Exact(name) => f.write_str(name),
+            Self::Suffix(suffix) => write!(f, "*{suffix}"),
+            Self::Ip(ip) => write!(f, "{ip}"),
+            Self::Cidr(net) => write!(f, "{net}"),
+        }
+    }
+}
+
+impl HostPattern {
+    /// Whether `host` (a CONNECT target host: name, IPv4, or IPv6 with or without brackets)
+    /// matches this pattern.
+    pub fn matches(&self, host: &str) -> bool {
+        self.matches_target(&TargetHost::parse(host))
+    }
+
+    /// Like [`HostPattern::matches`], for a host already parsed once per request.
+    pub fn matches_target(&self, host: &TargetHost) -> bool {
+        match (self, host) {
+            (Self::Any, _) => true,
+            (Self::Exact(name), TargetHost::Name(h)) => name == h,
+            (Self::Suffix(suffix), TargetHost::Name(h)) => h.len() > suffix.len() && h.ends_with(suffix.as_str()),
+            (Self::Ip(ip), TargetHost::Ip(h)) => ip == h,
+            (Self::Cidr(net), TargetHost::Ip(h)) => net.contains(h),
+            _ => false,
+        }
+    }
+}
+
+/// A CONNECT target host, normalised once: lowercase name without trailing dot, or an IP.
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
+pub enum TargetHost {
+    Name(String),
+    Ip(IpAddr),
+}
+
+impl TargetHost {
+    /// Parse a host as it appears in an authority (`example.com`, `1.2.3.4`, `[::1]`, `::1`).
+    pub fn parse(host: &str) -> Self {
+        match parse_ip(host) {
+            Some(ip) => Self::Ip(ip),
+            None => Self::Name(normalize_name(host)),
+        }
+    }
+}
+
+impl fmt::Display for TargetHost {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            Self::Name(name) => f.write_str(name),
+            Self::Ip(ip) => write!(f, "{ip}"),
+        }
+    }
+}
+
+/// Parse an IP address, accepting IPv6 in brackets.
+pub fn parse_ip(s: &str) -> Option<IpAddr> {
+    let inner = s.strip_prefix('[').and_then(|r| r.strip_suffix(']')).unwrap_or(s);
+    inner.parse().ok()
+}
+
+fn normalize_name(s: &str) -> String {
+    s.trim_end_matches('.').to_ascii_lowercase()
+}
+
+/// A DNS name as accepted in patterns and CONNECT targets: labels of letters, digits, `-` and `_`,
+/// 1–63 bytes each, 253 bytes in all (RFC 1035 §2.3.4, with `_` tolerated as real services use it).
+pub fn is_valid_dns_name(name: &str) -> bool {
+    !name.is_empty()
+        && name.len() <= 253
+        && name.split('.').all(|label| {
+            !label.is_empty()
+                && label.len() <= 63
+                && !label.starts_with('-')
+                && !label.ends_with('-')
+                && label.bytes().all(|b| b.is_ascii_alphanumeric() || b == b'-' || b == b'_')
+        })
+}
+
+/// A list of patterns; matches when any of them does.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct HostSet(pub Vec<HostPattern>);
+
+impl HostSet {
+    pub fn matches(&self, host: &TargetHost) -> bool {
+        self.0.iter().any(|p| p.matches_target(host))
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.0.is_empty()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn p(s: &str) -> HostPattern {
+        s.parse().expect(s)
+    }
+
+    #[test]
+    fn exact_is_case_insensitive_and_ignores_trailing_dot() {
+        assert!(p("API.anthropic.com").matches("api.Anthropic.com."));
+        assert!(!p("api.anthropic.com").matches("anthropic.com"));
+        assert!(!p("api.anthropic.com").matches("xapi.anthropic.com"));
+    }
+
+    #[test]
+    fn suffix_matches_any_depth_but_not_apex() {
+        let s = p("*.githubusercontent.com");
+        assert!(s.matches("raw.githubusercontent.com"));
+        assert!(s.matches("a.b.githubusercontent.com"));
+        assert!(!s.matches("githubusercontent.com"));
+        assert!(!s.matches("evilgithubusercontent.com"));
+    }
+
+    #[test]
+    fn ip_and_cidr() {
+        assert!(p("127.0.0.1").matches("127.0.0.1"));
+        assert!(p("[::1]").matches("::1"));
+        assert!(p("::1").matches("[::1]"));
+        assert!(p("10.0.0.0/8").matches("10.2.3.4"));
+        assert!(!p("10.0.0.0/8").matches("11.0.0.1"));
+        assert!(!p("10.0.0.0/8").matches("ten.example"));
+        assert!(!p("127.0.0.1").matches("localhost"));
+    }
+
+    #[test]
+    fn any_matches_everything() {
+        assert!(p("*").matches("example.com"));
+        assert!(p("*").matches("1.2.3.4"));
+    }
+
+    #[test]
+    fn invalid_patterns_are_rejected() {
+        assert_eq!("".parse::<HostPattern>(), Err(HostPatternError::Empty));
+        assert!(matches!("a.*.com".parse::<HostPattern>(), Err(HostPatternError::MisplacedWildcard(_))));
+        assert!(matches!("*.*.com".parse::<HostPattern>(), Err(HostPatternError::MisplacedWildcard(_))));
+        assert!(matches!("exa mple.com".parse::<HostPattern>(), Err(HostPatternError::Invalid(_))));
+        assert!(matches!("10.0.0.0/99".parse::<HostPattern>(), Err(HostPatternError::Invalid(_))));
+        assert!(matches!("-bad.com".parse::<HostPattern>(), Err(HostPatternError::Invalid(_))));
+    }
+
+    #[test]
+    fn display_round_trips() {
+        for s in ["*", "api.github.com", "*.github.com", "10.0.0.0/8", "::1"] {
+            assert_eq!(p(&p(s).to_string()), p(s));
+        }
+    }
+}

@@ -1,0 +1,499 @@
+//! Stub swapping and value redaction: pure functions over bytes, no I/O.
+//!
+//! Start with [`HostRules`]: built once per request from a [`SecretSet`] snapshot and the CONNECT
+//! target, it swaps stubs in header values (including inside `Authorization: Basic`), in the query
+//! string and, through a [`StreamRewriter`], in the body. A stub whose secret is *not* bound to the
+//! target is never swapped; finding one is an [`Exfiltration`] the caller turns into a `403`.
+//!
+//! [`StreamRewriter`] replaces patterns in a body that arrives in chunks and gives exactly the output
+//! of a one-shot replacement over the whole body, whatever the chunking, holding back only the
+//! bytes of a live partial match at the end of a chunk.
+
+use aho_corasick::AhoCorasick;
+use base64::Engine as _;
+use base64::engine::general_purpose::STANDARD as BASE64;
+use bytes::{Bytes, BytesMut};
+
+use crate::hosts::TargetHost;
+use crate::secrets::{Location, SecretSet};
+
+/// A stub of a secret that is not bound to the request's target host.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Exfiltration {
+    /// The secret's name (never its value or stub).
+    pub secret: String,
+    pub location: Location,
+}
+
+/// Which secrets were injected where, for audit and metrics. Deduplicated, in first-seen order.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Injections(pub Vec<(usize, Location)>);
+
+impl Injections {
+    pub fn record(&mut self, secret: usize, location: Location) {
+        if !self.0.contains(&(secret, location)) {
+            self.0.push((secret, location));
+        }
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.0.is_empty()
+    }
+}
+
+/// The rules for one request: the secrets snapshot and which of its secrets the target is bound to.
+pub struct HostRules<'a> {
+    set: &'a SecretSet,
+    bound: Vec<bool>,
+}
+
+impl<'a> HostRules<'a> {
+    pub fn new(set: &'a SecretSet, host: &TargetHost) -> Self {
+        Self { set, bound: set.binding_for(host) }
+    }
+
+    pub fn set(&self) -> &'a SecretSet {
+        self.set
+    }
+
+    /// Swap stubs in one header value; `Ok(None)` when nothing changed.
+    ///
+    /// `Authorization: Basic <base64>` is decoded, swapped and re-encoded (RFC 7617), so credentials
+    /// in a URL (`https://user:STUB@host/`) work.
+    pub fn header_value(&self, value: &[u8], injections: &mut Injections) -> Result<Option<Vec<u8>>, Exfiltration> {
+        let Some(ac) = self.set.stub_automaton() else {
+            return Ok(None);
+        };
+        let swapped = self.swap(ac, value, Location::Header, injections)?;
+        let current = swapped.as_deref().unwrap_or(value);
+        if let Some(encoded) = basic_credentials(current) {
+            if let Ok(decoded) = BASE64.decode(encoded.trim_ascii()) {
+                if let Some(inner) = self.swap(ac, &decoded, Location::Header, injections)? {
+                    let scheme_len = current.len() - encoded.len();
+                    let mut out = current[..scheme_len].to_vec();
+                    out.extend_from_slice(BASE64.encode(inner).as_bytes());
+                    return Ok(Some(out));
+                }
+            }
+        }
+        Ok(swapped)
+    }
+
+    /// Swap stubs in a request target's query (`/path?query`); stubs in the path are checked by
+    /// the tripwire but never swapped. `Ok(None)` when nothing changed.
+    pub fn path_and_query(&self, pq: &str, injections: &mut Injections) -> Result<Option<String>, Exfiltration> {
+        let Some(ac) = self.set.stub_automaton() else {
+            return Ok(None);
+        };
+        let (path, query) = match pq.split_once('?') {
+            Some((p, q)) => (p, Some(q)),
+            None => (pq, None),
+        };
+        // The path is never a location; a stub there is only checked for exfiltration.
+        for m in ac.find_iter(path.as_bytes()) {
+            if !self.bound[m.pattern().as_usize()] {
+                return Err(self.exfiltration(m.pattern().as_usize(), Location::Query));
+            }
+        }
+        let Some(query) = query else {
+            return Ok(None);
+        };
+        Ok(self.swap(ac, query.as_bytes(), Location::Query, injections)?.map(|q| {
+            // Stubs and values are printable ASCII (checked at load), so this stays valid UTF-8.
+            format!("{path}?{}", String::from_utf8_lossy(&q))
+        }))
+    }
+
+    /// A rewriter for the request body, when some secret bound to this host allows `body`.
+    pub fn body_rewriter(&self) -> Option<StreamRewriter> {
+        let ac = self.set.stub_automaton()?;
+        let mut any = false;
+        let replacements: Vec<Option<Bytes>> = self
+            .set
+            .secrets()
+            .iter()
+            .zip(&self.bound)
+            .map(|(s, &bound)| {
+                (bound && s.locations.contains(Location::Body)).then(|| {
+                    any = true;
+                    Bytes::from(s.value.clone())
+                })
+            })
+            .collect();
+        let patterns = self.set.secrets().iter().map(|s| Bytes::from(s.stub.clone())).collect();
+        any.then(|| StreamRewriter::new(ac.clone(), patterns, replacements))
+    }
+
+    fn exfiltration(&self, secret: usize, location: Location) -> Exfiltration {
+        Exfiltration { secret: self.set.secrets()[secret].name.clone(), location }
+    }
+
+    fn swap(
+        &self,
+        ac: &AhoCorasick,
+        input: &[u8],
+        location: Location,
+        injections: &mut Injections,
+    ) -> Result<Option<Vec<u8>>, Exfiltration> {
+        let mut out: Option<Vec<u8>> = None;
+        let mut last = 0;
+        for m in ac.find_iter(input) {
+            let id = m.pattern().as_usize();
+            if !self.bound[id] {
+                return Err(self.exfiltration(id, location));
+            }
+            let secret = &self.set.secrets()[id];
+            if !secret.locations.contains(location) {
+                continue;
+            }
+            let buf = out.get_or_insert_with(|| Vec::with_capacity(input.len() + 64));
+            buf.extend_from_slice(&input[last..m.start()]);
+            buf.extend_from_slice(secret.value.as_bytes());
+            last = m.end();
+            injections.record(id, location);
+        }
+        if let Some(buf) = &mut out {
+            buf.extend_from_slice(&input[last..]);
+        }
+        Ok(out)
+    }
+}
+
+/// The base64 part of a `Basic` credentials header value, if it is one.
+fn basic_credentials(value: &[u8]) -> Option<&[u8]> {
+    let rest = value.trim_ascii_start();
+    if rest.len() > 6 && rest[..5].eq_ignore_ascii_case(b"basic") && rest[5].is_ascii_whitespace() {
+        let offset = value.len() - rest.len() + 6;
+        Some(&value[offset..])
+    } else {
+        None
+    }
+}
+
+/// Replace real values by their stubs in one response header value; `None` when unchanged.
+pub fn redact_value(set: &SecretSet, value: &[u8]) -> Option<Vec<u8>> {
+    let (ac, ids) = set.value_automaton()?;
+    let secrets = set.secrets();
+    let mut out: Option<Vec<u8>> = None;
+    let mut last = 0;
+    for m in ac.find_iter(value) {
+        let buf = out.get_or_insert_with(|| Vec::with_capacity(value.len()));
+        buf.extend_from_slice(&value[last..m.start()]);
+        buf.extend_from_slice(secrets[ids[m.pattern().as_usize()]].stub.as_bytes());
+        last = m.end();
+    }
+    if let Some(buf) = &mut out {
+        buf.extend_from_slice(&value[last..]);
+    }
+    out
+}
+
+/// A streaming redactor for a response body (real values → stubs), if any value is redactable.
+pub fn redactor(set: &SecretSet) -> Option<StreamRewriter> {
+    let (ac, ids) = set.value_automaton()?;
+    let secrets = set.secrets();
+    let patterns = ids.iter().map(|&i| Bytes::from(secrets[i].value.clone())).collect();
+    let replacements = ids.iter().map(|&i| Some(Bytes::from(secrets[i].stub.clone()))).collect();
+    Some(StreamRewriter::new(ac.clone(), patterns, replacements))
+}
+
+/// Streaming multi-pattern replacement with the output of a one-shot leftmost-longest replacement.
+///
+/// Feed chunks with [`StreamRewriter::push`], then call [`StreamRewriter::finish`]. Only the
+/// longest suffix of the data seen that is a proper prefix of some pattern is held back, so data
+/// that cannot be part of a match (an SSE event's trailing blank line, say) is released at once.
+#[derive(Debug)]
+pub struct StreamRewriter {
+    ac: AhoCorasick,
+    /// Pattern bytes by pattern id (for the hold-back check).
+    patterns: Vec<Bytes>,
+    /// Replacement by pattern id; `None` leaves that pattern's matches as they are.
+    replacements: Vec<Option<Bytes>>,
+    max_len: usize,
+    carry: BytesMut,
+    /// Number of replacements made, by pattern id.
+    hits: Vec<u64>,
+}
+
+impl StreamRewriter {
+    /// `patterns[i]` must be the `i`th pattern of `ac` (built with `MatchKind::LeftmostLongest`).
+    pub fn new(ac: AhoCorasick, patterns: Vec<Bytes>, replacements: Vec<Option<Bytes>>) -> Self {
+        let max_len = patterns.iter().map(Bytes::len).max().unwrap_or(0);
+        let hits = vec![0; patterns.len()];
+        Self { ac, patterns, replacements, max_len, carry: BytesMut::new(), hits }
+    }
+
+    /// Replacements made so far, by pattern id.
+    pub fn hits(&self) -> &[u64] {
+        &self.hits
+    }
+
+    /// Bytes held back waiting for the next chunk.
+    pub fn pending(&self) -> usize {
+        self.carry.len()
+    }
+
+    /// Process one chunk; returns what can be released now (possibly empty).
+    pub fn push(&mut self, chunk: Bytes) -> Bytes {
+        let buf = if self.carry.is_empty() {
+            chunk
+        } else {
+            self.carry.extend_from_slice(&chunk);
+            self.carry.split().freeze()
+        };
+        let safe = buf.len() - self.holdback(&buf);
+        self.process(buf, safe)
+    }
+
+    /// End of stream: release everything held back.
+    pub fn finish(&mut self) -> Bytes {
+        let buf = self.carry.split().freeze();
+        let len = buf.len();
+        self.process(buf, len)
+    }
+
+    /// Replace committed matches (those starting before `safe`) and keep the rest as carry.
+    fn process(&mut self, buf: Bytes, safe: usize) -> Bytes {
+        let mut out: Option<BytesMut> = None;
+        let mut last = 0;
+        let mut committed = safe;
+        for m in self.ac.find_iter(&buf[..]) {
+            if m.start() >= safe {
+                break;
+            }
+            committed = committed.max(m.end());
+            let id = m.pattern().as_usize();
+            if let Some(rep) = &self.replacements[id] {
+                let o = out.get_or_insert_with(|| BytesMut::with_capacity(buf.len() + 64));
+                o.extend_from_slice(&buf[last..m.start()]);
+                o.extend_from_slice(rep);
+                last = m.end();
+                self.hits[id] += 1;
+            }
+        }
+        if committed < buf.len() {
+            self.carry.extend_from_slice(&buf[committed..]);
+        }
+        match out {
+            None => buf.slice(..committed),
+            Some(mut o) => {
+                o.extend_from_slice(&buf[last..committed]);
+                o.freeze()
+            }
+        }
+    }
+
+    /// Length of the longest suffix of `buf` that is a proper prefix of some pattern.
+    fn holdback(&self, buf: &[u8]) -> usize {
+        let upper = self.max_len.saturating_sub(1).min(buf.len());
+        (1..=upper)
+            .rev()
+            .find(|&k| {
+                let suffix = &buf[buf.len() - k..];
+                self.patterns.iter().any(|p| p.len() > k && p.starts_with(suffix))
+            })
+            .unwrap_or(0)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::hosts::{HostPattern, HostSet};
+    use crate::secrets::{LocationSet, Secret};
+    use aho_corasick::{AhoCorasickBuilder, MatchKind};
+    use proptest::prelude::*;
+
+    fn secret(name: &str, stub: &str, value: &str, hosts: &[&str], locs: &[Location]) -> Secret {
+        let mut locations = LocationSet::default();
+        for l in locs {
+            locations.insert(*l);
+        }
+        Secret {
+            name: name.into(),
+            stub: stub.into(),
+            value: value.into(),
+            hosts: HostSet(hosts.iter().map(|h| h.parse::<HostPattern>().expect("pattern")).collect()),
+            locations,
+        }
+    }
+
+    fn set() -> SecretSet {
+        SecretSet::new(vec![
+            secret("ANTHROPIC_API_KEY", "sk-ant-STUB-aaaa", "sk-ant-REAL-1111", &["api.anthropic.com"], &[Location::Header]),
+            secret(
+                "GITHUB_TOKEN",
+                "ghp_STUBbbbbbbbb",
+                "ghp_REAL22222222",
+                &["github.com", "api.github.com"],
+                &[Location::Header, Location::Query, Location::Body],
+            ),
+        ])
+    }
+
+    fn host(h: &str) -> TargetHost {
+        TargetHost::parse(h)
+    }
+
+    #[test]
+    fn header_stub_is_swapped_for_bound_host() {
+        let set = set();
+        let rules = HostRules::new(&set, &host("api.anthropic.com"));
+        let mut inj = Injections::default();
+        let out = rules.header_value(b"Bearer sk-ant-STUB-aaaa", &mut inj).expect("ok").expect("changed");
+        assert_eq!(out, b"Bearer sk-ant-REAL-1111");
+        assert_eq!(inj.0, vec![(0, Location::Header)]);
+    }
+
+    #[test]
+    fn stub_repeated_in_one_value_is_swapped_everywhere() {
+        let set = set();
+        let rules = HostRules::new(&set, &host("api.anthropic.com"));
+        let mut inj = Injections::default();
+        let out = rules.header_value(b"sk-ant-STUB-aaaa,sk-ant-STUB-aaaa", &mut inj).expect("ok").expect("changed");
+        assert_eq!(out, b"sk-ant-REAL-1111,sk-ant-REAL-1111");
+        assert_eq!(inj.0.len(), 1);
+    }
+
+    #[test]
+    fn stub_for_unbound_host_is_exfiltration() {
+        let set = set();
+        let rules = HostRules::new(&set, &host("api.github.com"));
+        let err = rules.header_value(b"x sk-ant-STUB-aaaa", &mut Injections::default()).expect_err("blocked");
+        assert_eq!(err, Exfiltration { secret: "ANTHROPIC_API_KEY".into(), location: Location::Header });
+    }
+
+    #[test]
+    fn header_without_stub_is_untouched() {
+        let set = set();
+        let rules = HostRules::new(&set, &host("api.anthropic.com"));
+        assert_eq!(rules.header_value(b"application/json", &mut Injections::default()), Ok(None));
+    }
+
+    #[test]
+    fn basic_auth_is_decoded_swapped_and_reencoded() {
+        let set = set();
+        let rules = HostRules::new(&set, &host("github.com"));
+        let header = format!("Basic {}", BASE64.encode("x-access-token:ghp_STUBbbbbbbbb"));
+        let mut inj = Injections::default();
+        let out = rules.header_value(header.as_bytes(), &mut inj).expect("ok").expect("changed");
+        assert_eq!(out, format!("Basic {}", BASE64.encode("x-access-token:ghp_REAL22222222")).into_bytes());
+        assert_eq!(inj.0, vec![(1, Location::Header)]);
+    }
+
+    #[test]
+    fn basic_auth_with_unbound_stub_is_exfiltration() {
+        let set = set();
+        let rules = HostRules::new(&set, &host("evil.example"));
+        let header = format!("basic {}", BASE64.encode("x:ghp_STUBbbbbbbbb"));
+        assert!(rules.header_value(header.as_bytes(), &mut Injections::default()).is_err());
+    }
+
+    #[test]
+    fn basic_auth_that_is_not_base64_is_left_alone() {
+        let set = set();
+        let rules = HostRules::new(&set, &host("github.com"));
+        assert_eq!(rules.header_value(b"Basic !!!not-base64", &mut Injections::default()), Ok(None));
+    }
+
+    #[test]
+    fn query_is_swapped_only_when_allowed() {
+        let set = set();
+        let gh = HostRules::new(&set, &host("api.github.com"));
+        let mut inj = Injections::default();
+        let out = gh.path_and_query("/repos?access_token=ghp_STUBbbbbbbbb&x=1", &mut inj).expect("ok");
+        assert_eq!(out.as_deref(), Some("/repos?access_token=ghp_REAL22222222&x=1"));
+        assert_eq!(inj.0, vec![(1, Location::Query)]);
+
+        let an = HostRules::new(&set, &host("api.anthropic.com"));
+        let out = an.path_and_query("/v1?key=sk-ant-STUB-aaaa", &mut Injections::default()).expect("ok");
+        assert_eq!(out, None, "header-only secret is not swapped in the query");
+    }
+
+    #[test]
+    fn stub_in_path_to_unbound_host_is_exfiltration() {
+        let set = set();
+        let rules = HostRules::new(&set, &host("evil.example"));
+        assert!(rules.path_and_query("/leak/ghp_STUBbbbbbbbb", &mut Injections::default()).is_err());
+    }
+
+    #[test]
+    fn body_rewriter_exists_only_when_body_is_allowed() {
+        let set = set();
+        assert!(HostRules::new(&set, &host("api.anthropic.com")).body_rewriter().is_none());
+        let mut rw = HostRules::new(&set, &host("github.com")).body_rewriter().expect("rewriter");
+        let mut out = rw.push(Bytes::from_static(b"{\"t\":\"ghp_STUB"));
+        out = [out, rw.push(Bytes::from_static(b"bbbbbbbb\", \"a\": \"sk-ant-STUB-aaaa\"}"))].concat().into();
+        out = [out, rw.finish()].concat().into();
+        assert_eq!(&out[..], b"{\"t\":\"ghp_REAL22222222\", \"a\": \"sk-ant-STUB-aaaa\"}");
+    }
+
+    #[test]
+    fn redaction_replaces_values_with_stubs() {
+        let set = set();
+        assert_eq!(
+            redact_value(&set, b"echo sk-ant-REAL-1111").as_deref(),
+            Some(&b"echo sk-ant-STUB-aaaa"[..])
+        );
+        let mut r = redactor(&set).expect("redactor");
+        let a = r.push(Bytes::from_static(b"data: ghp_REAL2222"));
+        assert_eq!(&a[..], b"data: ", "only the live partial match is held back");
+        let b = r.push(Bytes::from_static(b"2222\n\n"));
+        assert_eq!(&b[..], b"ghp_STUBbbbbbbbb\n\n", "a complete event is released at once");
+        assert!(r.finish().is_empty());
+    }
+
+    #[test]
+    fn sse_event_without_partial_match_is_not_delayed() {
+        let set = set();
+        let mut r = redactor(&set).expect("redactor");
+        let event = Bytes::from_static(b"event: ping\ndata: {}\n\n");
+        assert_eq!(r.push(event.clone()), event);
+        assert_eq!(r.pending(), 0);
+    }
+
+    fn one_shot(patterns: &[Vec<u8>], replace: &[bool], text: &[u8]) -> Vec<u8> {
+        let ac = AhoCorasickBuilder::new().match_kind(MatchKind::LeftmostLongest).build(patterns).expect("ac");
+        let mut out = Vec::new();
+        let mut last = 0;
+        for m in ac.find_iter(text) {
+            if replace[m.pattern().as_usize()] {
+                out.extend_from_slice(&text[last..m.start()]);
+                out.extend_from_slice(format!("<{}>", m.pattern().as_usize()).as_bytes());
+                last = m.end();
+            }
+        }
+        out.extend_from_slice(&text[last..]);
+        out
+    }
+
+    proptest! {
+        #[test]
+        fn any_chunking_gives_the_one_shot_output(
+            patterns in prop::collection::vec(prop::collection::vec(b'a'..=b'd', 1..6), 1..5),
+            replace in prop::collection::vec(any::<bool>(), 5),
+            text in prop::collection::vec(b'a'..=b'e', 0..200),
+            cuts in prop::collection::vec(0usize..200, 0..12),
+        ) {
+            let mut patterns = patterns;
+            patterns.sort();
+            patterns.dedup();
+            let replace = &replace[..patterns.len()];
+            let ac = AhoCorasickBuilder::new().match_kind(MatchKind::LeftmostLongest).build(&patterns).expect("ac");
+            let reps = (0..patterns.len())
+                .map(|i| replace[i].then(|| Bytes::from(format!("<{i}>"))))
+                .collect();
+            let mut rw = StreamRewriter::new(ac, patterns.iter().map(|p| Bytes::from(p.clone())).collect(), reps);
+            let mut cuts: Vec<usize> = cuts.into_iter().map(|c| c.min(text.len())).collect();
+            cuts.sort();
+            let mut out = Vec::new();
+            let mut prev = 0;
+            for c in cuts.into_iter().chain([text.len()]) {
+                out.extend_from_slice(&rw.push(Bytes::copy_from_slice(&text[prev..c])));
+                prev = c;
+            }
+            out.extend_from_slice(&rw.finish());
+            prop_assert_eq!(out, one_shot(&patterns, replace, &text));
+        }
+    }
+}
