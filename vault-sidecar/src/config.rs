@@ -179,21 +179,27 @@ pub struct Settings {
 
 /// Read and parse a config file; a syntax error is reported against the file.
 pub fn read_config(path: &Path) -> Result<SidecarConfig, ConfigErrors> {
-    let text = std::fs::read_to_string(path).map_err(|e| one("config", format!("cannot read {}: {e}", path.display())))?;
+    let text = std::fs::read_to_string(path)
+        .map_err(|e| one("config", format!("cannot read {}: {e}", path.display())))?;
     parse_config(&text)
 }
 
 /// Parse config TOML text.
 pub fn parse_config(text: &str) -> Result<SidecarConfig, ConfigErrors> {
     toml::from_str(text).map_err(|e| {
-        let key = e.span().map(|s| key_at(text, s.start)).unwrap_or_else(|| "config".to_owned());
+        let key = e
+            .span()
+            .map(|s| key_at(text, s.start))
+            .unwrap_or_else(|| "config".to_owned());
         one(&key, e.message().to_owned())
     })
 }
 
 /// Best effort: the key named on the line where a TOML error starts.
 fn key_at(text: &str, offset: usize) -> String {
-    let line_start = text[..offset.min(text.len())].rfind('\n').map_or(0, |i| i + 1);
+    let line_start = text[..offset.min(text.len())]
+        .rfind('\n')
+        .map_or(0, |i| i + 1);
     let line = text[line_start..].lines().next().unwrap_or("");
     match line.split_once('=') {
         Some((k, _)) => k.trim().trim_matches('"').to_owned(),
@@ -202,15 +208,26 @@ fn key_at(text: &str, offset: usize) -> String {
 }
 
 fn one(key: &str, reason: String) -> ConfigErrors {
-    ConfigErrors(vec![ConfigError { key: key.to_owned(), reason }])
+    ConfigErrors(vec![ConfigError {
+        key: key.to_owned(),
+        reason,
+    }])
 }
 
 /// Parse `secrets_file` JSON.
 pub fn read_secrets_file(path: &Path) -> Result<Vec<SecretSpec>, ConfigErrors> {
-    let text = std::fs::read_to_string(path)
-        .map_err(|e| one("secrets_file", format!("cannot read {}: {e}", path.display())))?;
-    let file: SecretsFile = serde_json::from_str(&text)
-        .map_err(|e| one("secrets_file", format!("{}: invalid JSON: {e}", path.display())))?;
+    let text = std::fs::read_to_string(path).map_err(|e| {
+        one(
+            "secrets_file",
+            format!("cannot read {}: {e}", path.display()),
+        )
+    })?;
+    let file: SecretsFile = serde_json::from_str(&text).map_err(|e| {
+        one(
+            "secrets_file",
+            format!("{}: invalid JSON: {e}", path.display()),
+        )
+    })?;
     Ok(file.secrets)
 }
 
@@ -218,7 +235,10 @@ struct Problems(Vec<ConfigError>);
 
 impl Problems {
     fn add(&mut self, key: impl Into<String>, reason: impl Into<String>) {
-        self.0.push(ConfigError { key: key.into(), reason: reason.into() });
+        self.0.push(ConfigError {
+            key: key.into(),
+            reason: reason.into(),
+        });
     }
 }
 
@@ -234,8 +254,18 @@ impl Settings {
         env: &dyn Fn(&str) -> Option<String>,
     ) -> Result<Self, ConfigErrors> {
         let mut problems = Problems(Vec::new());
-        let listen = addr(&mut problems, "listen", config.listen.as_deref(), DEFAULT_LISTEN);
-        let admin_listen = addr(&mut problems, "admin_listen", config.admin_listen.as_deref(), DEFAULT_ADMIN_LISTEN);
+        let listen = addr(
+            &mut problems,
+            "listen",
+            config.listen.as_deref(),
+            DEFAULT_LISTEN,
+        );
+        let admin_listen = addr(
+            &mut problems,
+            "admin_listen",
+            config.admin_listen.as_deref(),
+            DEFAULT_ADMIN_LISTEN,
+        );
         let transparent_listen = config
             .transparent_listen
             .as_deref()
@@ -252,7 +282,10 @@ impl Settings {
                         problems.add(k, format!("{} is not a readable file", p.display()));
                     }
                 }
-                CaSource::Files { cert: cert.clone(), key: key.clone() }
+                CaSource::Files {
+                    cert: cert.clone(),
+                    key: key.clone(),
+                }
             }
             (Some(_), None) => {
                 problems.add("ca_key_file", "required when ca_cert_file is set");
@@ -265,22 +298,33 @@ impl Settings {
         };
         for (i, p) in config.upstream_ca_files.iter().enumerate() {
             if !p.is_file() {
-                problems.add(format!("upstream_ca_files[{i}]"), format!("{} is not a readable file", p.display()));
+                problems.add(
+                    format!("upstream_ca_files[{i}]"),
+                    format!("{} is not a readable file", p.display()),
+                );
             }
         }
         let intercept = match config.intercept.as_deref() {
             None | Some("bound-hosts") => InterceptMode::BoundHosts,
             Some("all") => InterceptMode::All,
             Some(other) => {
-                problems.add("intercept", format!("`{other}` is not one of \"bound-hosts\", \"all\""));
+                problems.add(
+                    "intercept",
+                    format!("`{other}` is not one of \"bound-hosts\", \"all\""),
+                );
                 InterceptMode::BoundHosts
             }
         };
         if let Some(p) = &config.admin_token_file {
             match std::fs::read_to_string(p) {
-                Ok(t) if t.trim().is_empty() => problems.add("admin_token_file", format!("{} is empty", p.display())),
+                Ok(t) if t.trim().is_empty() => {
+                    problems.add("admin_token_file", format!("{} is empty", p.display()))
+                }
                 Ok(_) => {}
-                Err(e) => problems.add("admin_token_file", format!("cannot read {}: {e}", p.display())),
+                Err(e) => problems.add(
+                    "admin_token_file",
+                    format!("cannot read {}: {e}", p.display()),
+                ),
             }
         }
 
@@ -288,22 +332,32 @@ impl Settings {
         for (k, v) in &config.resolve {
             let key = format!("resolve.\"{k}\"");
             let Some((host, port)) = split_host_port(k) else {
-                problems.add(key, "key must be host:port (e.g. \"api.anthropic.com:443\")");
+                problems.add(
+                    key,
+                    "key must be host:port (e.g. \"api.anthropic.com:443\")",
+                );
                 continue;
             };
             match v.parse::<SocketAddr>() {
                 Ok(a) => {
                     resolve.insert((host.trim_end_matches('.').to_ascii_lowercase(), port), a);
                 }
-                Err(_) => problems.add(key, format!("`{v}` is not an address:port (e.g. \"127.0.0.1:8443\")")),
+                Err(_) => problems.add(
+                    key,
+                    format!("`{v}` is not an address:port (e.g. \"127.0.0.1:8443\")"),
+                ),
             }
         }
 
         let allow = patterns(&mut problems, "egress.allow", &config.egress.allow);
         let deny = patterns(&mut problems, "egress.deny", &config.egress.deny);
 
-        let mut specs: Vec<(String, &SecretSpec)> =
-            config.secrets.iter().enumerate().map(|(i, s)| (format!("secrets[{i}]"), s)).collect();
+        let mut specs: Vec<(String, &SecretSpec)> = config
+            .secrets
+            .iter()
+            .enumerate()
+            .map(|(i, s)| (format!("secrets[{i}]"), s))
+            .collect();
         let file_specs = match &config.secrets_file {
             Some(path) => match read_secrets_file(path) {
                 Ok(s) => s,
@@ -314,7 +368,12 @@ impl Settings {
             },
             None => Vec::new(),
         };
-        specs.extend(file_specs.iter().enumerate().map(|(i, s)| (format!("secrets_file.secrets[{i}]"), s)));
+        specs.extend(
+            file_specs
+                .iter()
+                .enumerate()
+                .map(|(i, s)| (format!("secrets_file.secrets[{i}]"), s)),
+        );
         let secrets = validate_secrets(&mut problems, &specs, env);
 
         let mut bound = HostSet::default();
@@ -346,13 +405,22 @@ impl Settings {
     /// Re-validate inline secrets plus a fresh read of `secrets_file` (for reload).
     pub fn reload_secrets(&self) -> Result<Vec<Secret>, ConfigErrors> {
         let mut problems = Problems(Vec::new());
-        let mut specs: Vec<(String, &SecretSpec)> =
-            self.inline_secrets.iter().enumerate().map(|(i, s)| (format!("secrets[{i}]"), s)).collect();
+        let mut specs: Vec<(String, &SecretSpec)> = self
+            .inline_secrets
+            .iter()
+            .enumerate()
+            .map(|(i, s)| (format!("secrets[{i}]"), s))
+            .collect();
         let file_specs = match &self.secrets_file {
             Some(path) => read_secrets_file(path)?,
             None => Vec::new(),
         };
-        specs.extend(file_specs.iter().enumerate().map(|(i, s)| (format!("secrets_file.secrets[{i}]"), s)));
+        specs.extend(
+            file_specs
+                .iter()
+                .enumerate()
+                .map(|(i, s)| (format!("secrets_file.secrets[{i}]"), s)),
+        );
         let env = |name: &str| std::env::var(name).ok();
         let secrets = validate_secrets(&mut problems, &specs, &env);
         if problems.0.is_empty() {
@@ -364,11 +432,16 @@ impl Settings {
 }
 
 fn addr(problems: &mut Problems, key: &str, raw: Option<&str>, default: &str) -> SocketAddr {
-    let fallback: SocketAddr = default.parse().unwrap_or(SocketAddr::from(([127, 0, 0, 1], 0)));
+    let fallback: SocketAddr = default
+        .parse()
+        .unwrap_or(SocketAddr::from(([127, 0, 0, 1], 0)));
     match raw {
         None => fallback,
         Some(s) => s.parse().unwrap_or_else(|_| {
-            problems.add(key, format!("`{s}` is not an address:port (e.g. \"{default}\")"));
+            problems.add(
+                key,
+                format!("`{s}` is not an address:port (e.g. \"{default}\")"),
+            );
             fallback
         }),
     }
@@ -421,21 +494,43 @@ fn validate_secrets(
     for (key, spec) in specs {
         let before = problems.0.len();
         if !is_env_name(&spec.name) {
-            problems.add(format!("{key}.name"), format!("`{}` must match [A-Za-z_][A-Za-z0-9_]*", spec.name));
+            problems.add(
+                format!("{key}.name"),
+                format!("`{}` must match [A-Za-z_][A-Za-z0-9_]*", spec.name),
+            );
         } else if let Some(prev) = names.insert(spec.name.as_str(), key.as_str()) {
-            problems.add(format!("{key}.name"), format!("`{}` is already defined by {prev}", spec.name));
+            problems.add(
+                format!("{key}.name"),
+                format!("`{}` is already defined by {prev}", spec.name),
+            );
         }
         if spec.stub.len() < MIN_STUB_LEN {
-            problems.add(format!("{key}.stub"), format!("required, at least {MIN_STUB_LEN} bytes"));
+            problems.add(
+                format!("{key}.stub"),
+                format!("required, at least {MIN_STUB_LEN} bytes"),
+            );
         } else if spec.stub.bytes().any(|b| !(0x21..0x7f).contains(&b)) {
-            problems.add(format!("{key}.stub"), "must be printable ASCII without spaces");
+            problems.add(
+                format!("{key}.stub"),
+                "must be printable ASCII without spaces",
+            );
         } else if let Some(prev) = stubs.insert(spec.stub.as_str(), spec.name.as_str()) {
-            problems.add(format!("{key}.stub"), format!("same stub as secret `{prev}`"));
+            problems.add(
+                format!("{key}.stub"),
+                format!("same stub as secret `{prev}`"),
+            );
         }
-        let sources = [spec.value.is_some(), spec.value_env.is_some(), spec.value_file.is_some()];
+        let sources = [
+            spec.value.is_some(),
+            spec.value_env.is_some(),
+            spec.value_file.is_some(),
+        ];
         let value = match sources.iter().filter(|s| **s).count() {
             0 => {
-                problems.add(format!("{key}.value"), "one of value, value_env, value_file is required");
+                problems.add(
+                    format!("{key}.value"),
+                    "one of value, value_env, value_file is required",
+                );
                 None
             }
             1 => {
@@ -444,14 +539,20 @@ fn validate_secrets(
                 } else if let Some(var) = &spec.value_env {
                     let v = env(var);
                     if v.is_none() {
-                        problems.add(format!("{key}.value_env"), format!("environment variable `{var}` is not set"));
+                        problems.add(
+                            format!("{key}.value_env"),
+                            format!("environment variable `{var}` is not set"),
+                        );
                     }
                     v
                 } else if let Some(path) = &spec.value_file {
                     match std::fs::read_to_string(path) {
                         Ok(v) => Some(v.trim_end_matches(['\r', '\n']).to_owned()),
                         Err(e) => {
-                            problems.add(format!("{key}.value_file"), format!("cannot read {}: {e}", path.display()));
+                            problems.add(
+                                format!("{key}.value_file"),
+                                format!("cannot read {}: {e}", path.display()),
+                            );
                             None
                         }
                     }
@@ -460,7 +561,10 @@ fn validate_secrets(
                 }
             }
             _ => {
-                problems.add(format!("{key}.value"), "give exactly one of value, value_env, value_file");
+                problems.add(
+                    format!("{key}.value"),
+                    "give exactly one of value, value_env, value_file",
+                );
                 None
             }
         };
@@ -472,13 +576,18 @@ fn validate_secrets(
             }
         }
         if spec.hosts.is_empty() {
-            problems.add(format!("{key}.hosts"), "required: at least one host the secret may be sent to");
+            problems.add(
+                format!("{key}.hosts"),
+                "required: at least one host the secret may be sent to",
+            );
         }
         let hosts = patterns(problems, &format!("{key}.hosts"), &spec.hosts);
         let mut locations = LocationSet::default();
         match &spec.locations {
             None => locations.insert(Location::Header),
-            Some(list) if list.is_empty() => problems.add(format!("{key}.locations"), "must not be empty"),
+            Some(list) if list.is_empty() => {
+                problems.add(format!("{key}.locations"), "must not be empty")
+            }
             Some(list) => {
                 for (i, l) in list.iter().enumerate() {
                     match l.parse::<Location>() {
@@ -509,7 +618,9 @@ mod tests {
 
     fn settings(toml: &str) -> Result<Settings, ConfigErrors> {
         let cfg = parse_config(toml)?;
-        Settings::from_config_with_env(&cfg, &|name| (name == "REAL_VAR").then(|| "from-env-value".to_owned()))
+        Settings::from_config_with_env(&cfg, &|name| {
+            (name == "REAL_VAR").then(|| "from-env-value".to_owned())
+        })
     }
 
     fn keys(errs: ConfigErrors) -> Vec<String> {
@@ -552,7 +663,10 @@ mod tests {
         )
         .expect("valid");
         assert_eq!(s.intercept, InterceptMode::All);
-        assert_eq!(s.resolve[&("api.anthropic.com".to_owned(), 443)].to_string(), "127.0.0.1:8443");
+        assert_eq!(
+            s.resolve[&("api.anthropic.com".to_owned(), 443)].to_string(),
+            "127.0.0.1:8443"
+        );
         assert_eq!(s.secrets.len(), 2);
         assert_eq!(s.secrets[1].value, "from-env-value");
         assert!(s.secrets[1].locations.contains(Location::Body));
@@ -627,7 +741,11 @@ mod tests {
     fn unknown_keys_and_bad_syntax_name_the_key() {
         let errs = settings("listen = \"127.0.0.1:1\"\nlisten_typo = 3\n").expect_err("invalid");
         assert_eq!(errs.0[0].key, "listen_typo");
-        assert!(errs.0[0].reason.contains("unknown field"), "{}", errs.0[0].reason);
+        assert!(
+            errs.0[0].reason.contains("unknown field"),
+            "{}",
+            errs.0[0].reason
+        );
     }
 
     #[test]

@@ -30,7 +30,11 @@ impl EgressPolicy {
 
     /// Replace the bound-hosts list (after a secrets reload).
     pub fn with_bound(&self, bound: HostSet) -> Self {
-        Self { allow: self.allow.clone(), deny: self.deny.clone(), bound }
+        Self {
+            allow: self.allow.clone(),
+            deny: self.deny.clone(),
+            bound,
+        }
     }
 
     pub fn decide(&self, host: &TargetHost) -> EgressDecision {
@@ -50,7 +54,12 @@ mod tests {
     use crate::hosts::HostPattern;
 
     fn set(items: &[&str]) -> HostSet {
-        HostSet(items.iter().map(|s| s.parse::<HostPattern>().expect(s)).collect())
+        HostSet(
+            items
+                .iter()
+                .map(|s| s.parse::<HostPattern>().expect(s))
+                .collect(),
+        )
     }
 
     fn t(s: &str) -> TargetHost {
@@ -59,12 +68,19 @@ mod tests {
 
     #[test]
     fn empty_policy_allows_everything() {
-        assert_eq!(EgressPolicy::default().decide(&t("example.com")), EgressDecision::Allow);
+        assert_eq!(
+            EgressPolicy::default().decide(&t("example.com")),
+            EgressDecision::Allow
+        );
     }
 
     #[test]
     fn deny_wins_over_allow_and_bound() {
-        let p = EgressPolicy::new(set(&["*.example.com"]), set(&["bad.example.com", "10.0.0.0/8"]), set(&["10.1.1.1"]));
+        let p = EgressPolicy::new(
+            set(&["*.example.com"]),
+            set(&["bad.example.com", "10.0.0.0/8"]),
+            set(&["10.1.1.1"]),
+        );
         assert_eq!(p.decide(&t("bad.example.com")), EgressDecision::Denied);
         assert_eq!(p.decide(&t("10.1.1.1")), EgressDecision::Denied);
         assert_eq!(p.decide(&t("ok.example.com")), EgressDecision::Allow);
@@ -72,7 +88,11 @@ mod tests {
 
     #[test]
     fn allow_list_is_exclusive_but_includes_bound_hosts() {
-        let p = EgressPolicy::new(set(&["pypi.org"]), HostSet::default(), set(&["api.anthropic.com"]));
+        let p = EgressPolicy::new(
+            set(&["pypi.org"]),
+            HostSet::default(),
+            set(&["api.anthropic.com"]),
+        );
         assert_eq!(p.decide(&t("pypi.org")), EgressDecision::Allow);
         assert_eq!(p.decide(&t("api.anthropic.com")), EgressDecision::Allow);
         assert_eq!(p.decide(&t("example.com")), EgressDecision::NotAllowed);

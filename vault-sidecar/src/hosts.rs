@@ -106,7 +106,9 @@ impl HostPattern {
         match (self, host) {
             (Self::Any, _) => true,
             (Self::Exact(name), TargetHost::Name(h)) => name == h,
-            (Self::Suffix(suffix), TargetHost::Name(h)) => h.len() > suffix.len() && h.ends_with(suffix.as_str()),
+            (Self::Suffix(suffix), TargetHost::Name(h)) => {
+                h.len() > suffix.len() && h.ends_with(suffix.as_str())
+            }
             (Self::Ip(ip), TargetHost::Ip(h)) => ip == h,
             (Self::Cidr(net), TargetHost::Ip(h)) => net.contains(h),
             _ => false,
@@ -142,7 +144,10 @@ impl fmt::Display for TargetHost {
 
 /// Parse an IP address, accepting IPv6 in brackets.
 pub fn parse_ip(s: &str) -> Option<IpAddr> {
-    let inner = s.strip_prefix('[').and_then(|r| r.strip_suffix(']')).unwrap_or(s);
+    let inner = s
+        .strip_prefix('[')
+        .and_then(|r| r.strip_suffix(']'))
+        .unwrap_or(s);
     inner.parse().ok()
 }
 
@@ -160,7 +165,9 @@ pub fn is_valid_dns_name(name: &str) -> bool {
                 && label.len() <= 63
                 && !label.starts_with('-')
                 && !label.ends_with('-')
-                && label.bytes().all(|b| b.is_ascii_alphanumeric() || b == b'-' || b == b'_')
+                && label
+                    .bytes()
+                    .all(|b| b.is_ascii_alphanumeric() || b == b'-' || b == b'_')
         })
 }
 
@@ -222,11 +229,26 @@ mod tests {
     #[test]
     fn invalid_patterns_are_rejected() {
         assert_eq!("".parse::<HostPattern>(), Err(HostPatternError::Empty));
-        assert!(matches!("a.*.com".parse::<HostPattern>(), Err(HostPatternError::MisplacedWildcard(_))));
-        assert!(matches!("*.*.com".parse::<HostPattern>(), Err(HostPatternError::MisplacedWildcard(_))));
-        assert!(matches!("exa mple.com".parse::<HostPattern>(), Err(HostPatternError::Invalid(_))));
-        assert!(matches!("10.0.0.0/99".parse::<HostPattern>(), Err(HostPatternError::Invalid(_))));
-        assert!(matches!("-bad.com".parse::<HostPattern>(), Err(HostPatternError::Invalid(_))));
+        assert!(matches!(
+            "a.*.com".parse::<HostPattern>(),
+            Err(HostPatternError::MisplacedWildcard(_))
+        ));
+        assert!(matches!(
+            "*.*.com".parse::<HostPattern>(),
+            Err(HostPatternError::MisplacedWildcard(_))
+        ));
+        assert!(matches!(
+            "exa mple.com".parse::<HostPattern>(),
+            Err(HostPatternError::Invalid(_))
+        ));
+        assert!(matches!(
+            "10.0.0.0/99".parse::<HostPattern>(),
+            Err(HostPatternError::Invalid(_))
+        ));
+        assert!(matches!(
+            "-bad.com".parse::<HostPattern>(),
+            Err(HostPatternError::Invalid(_))
+        ));
     }
 
     #[test]

@@ -10,8 +10,8 @@
 //! bytes of a live partial match at the end of a chunk.
 
 use aho_corasick::AhoCorasick;
-use base64::Engine as _;
 use base64::engine::general_purpose::STANDARD as BASE64;
+use base64::Engine as _;
 use bytes::{Bytes, BytesMut};
 
 use crate::hosts::TargetHost;
@@ -49,7 +49,10 @@ pub struct HostRules<'a> {
 
 impl<'a> HostRules<'a> {
     pub fn new(set: &'a SecretSet, host: &TargetHost) -> Self {
-        Self { set, bound: set.binding_for(host) }
+        Self {
+            set,
+            bound: set.binding_for(host),
+        }
     }
 
     pub fn set(&self) -> &'a SecretSet {
@@ -60,7 +63,11 @@ impl<'a> HostRules<'a> {
     ///
     /// `Authorization: Basic <base64>` is decoded, swapped and re-encoded (RFC 7617), so credentials
     /// in a URL (`https://user:STUB@host/`) work.
-    pub fn header_value(&self, value: &[u8], injections: &mut Injections) -> Result<Option<Vec<u8>>, Exfiltration> {
+    pub fn header_value(
+        &self,
+        value: &[u8],
+        injections: &mut Injections,
+    ) -> Result<Option<Vec<u8>>, Exfiltration> {
         let Some(ac) = self.set.stub_automaton() else {
             return Ok(None);
         };
@@ -81,7 +88,11 @@ impl<'a> HostRules<'a> {
 
     /// Swap stubs in a request target's query (`/path?query`); stubs in the path are checked by
     /// the tripwire but never swapped. `Ok(None)` when nothing changed.
-    pub fn path_and_query(&self, pq: &str, injections: &mut Injections) -> Result<Option<String>, Exfiltration> {
+    pub fn path_and_query(
+        &self,
+        pq: &str,
+        injections: &mut Injections,
+    ) -> Result<Option<String>, Exfiltration> {
         let Some(ac) = self.set.stub_automaton() else {
             return Ok(None);
         };
@@ -98,10 +109,12 @@ impl<'a> HostRules<'a> {
         let Some(query) = query else {
             return Ok(None);
         };
-        Ok(self.swap(ac, query.as_bytes(), Location::Query, injections)?.map(|q| {
-            // Stubs and values are printable ASCII (checked at load), so this stays valid UTF-8.
-            format!("{path}?{}", String::from_utf8_lossy(&q))
-        }))
+        Ok(self
+            .swap(ac, query.as_bytes(), Location::Query, injections)?
+            .map(|q| {
+                // Stubs and values are printable ASCII (checked at load), so this stays valid UTF-8.
+                format!("{path}?{}", String::from_utf8_lossy(&q))
+            }))
     }
 
     /// A rewriter for the request body, when some secret bound to this host allows `body`.
@@ -120,12 +133,20 @@ impl<'a> HostRules<'a> {
                 })
             })
             .collect();
-        let patterns = self.set.secrets().iter().map(|s| Bytes::from(s.stub.clone())).collect();
+        let patterns = self
+            .set
+            .secrets()
+            .iter()
+            .map(|s| Bytes::from(s.stub.clone()))
+            .collect();
         any.then(|| StreamRewriter::new(ac.clone(), patterns, replacements))
     }
 
     fn exfiltration(&self, secret: usize, location: Location) -> Exfiltration {
-        Exfiltration { secret: self.set.secrets()[secret].name.clone(), location }
+        Exfiltration {
+            secret: self.set.secrets()[secret].name.clone(),
+            location,
+        }
     }
 
     fn swap(
@@ -192,8 +213,14 @@ pub fn redact_value(set: &SecretSet, value: &[u8]) -> Option<Vec<u8>> {
 pub fn redactor(set: &SecretSet) -> Option<StreamRewriter> {
     let (ac, ids) = set.value_automaton()?;
     let secrets = set.secrets();
-    let patterns = ids.iter().map(|&i| Bytes::from(secrets[i].value.clone())).collect();
-    let replacements = ids.iter().map(|&i| Some(Bytes::from(secrets[i].stub.clone()))).collect();
+    let patterns = ids
+        .iter()
+        .map(|&i| Bytes::from(secrets[i].value.clone()))
+        .collect();
+    let replacements = ids
+        .iter()
+        .map(|&i| Some(Bytes::from(secrets[i].stub.clone())))
+        .collect();
     Some(StreamRewriter::new(ac.clone(), patterns, replacements))
 }
 
@@ -220,7 +247,14 @@ impl StreamRewriter {
     pub fn new(ac: AhoCorasick, patterns: Vec<Bytes>, replacements: Vec<Option<Bytes>>) -> Self {
         let max_len = patterns.iter().map(Bytes::len).max().unwrap_or(0);
         let hits = vec![0; patterns.len()];
-        Self { ac, patterns, replacements, max_len, carry: BytesMut::new(), hits }
+        Self {
+            ac,
+            patterns,
+            replacements,
+            max_len,
+            carry: BytesMut::new(),
+            hits,
+        }
     }
 
     /// Replacements made so far, by pattern id.
@@ -290,7 +324,9 @@ impl StreamRewriter {
             .rev()
             .find(|&k| {
                 let suffix = &buf[buf.len() - k..];
-                self.patterns.iter().any(|p| p.len() > k && p.starts_with(suffix))
+                self.patterns
+                    .iter()
+                    .any(|p| p.len() > k && p.starts_with(suffix))
             })
             .unwrap_or(0)
     }
@@ -313,14 +349,25 @@ mod tests {
             name: name.into(),
             stub: stub.into(),
             value: value.into(),
-            hosts: HostSet(hosts.iter().map(|h| h.parse::<HostPattern>().expect("pattern")).collect()),
+            hosts: HostSet(
+                hosts
+                    .iter()
+                    .map(|h| h.parse::<HostPattern>().expect("pattern"))
+                    .collect(),
+            ),
             locations,
         }
     }
 
     fn set() -> SecretSet {
         SecretSet::new(vec![
-            secret("ANTHROPIC_API_KEY", "sk-ant-STUB-aaaa", "sk-ant-REAL-1111", &["api.anthropic.com"], &[Location::Header]),
+            secret(
+                "ANTHROPIC_API_KEY",
+                "sk-ant-STUB-aaaa",
+                "sk-ant-REAL-1111",
+                &["api.anthropic.com"],
+                &[Location::Header],
+            ),
             secret(
                 "GITHUB_TOKEN",
                 "ghp_STUBbbbbbbbb",
@@ -340,7 +387,10 @@ mod tests {
         let set = set();
         let rules = HostRules::new(&set, &host("api.anthropic.com"));
         let mut inj = Injections::default();
-        let out = rules.header_value(b"Bearer sk-ant-STUB-aaaa", &mut inj).expect("ok").expect("changed");
+        let out = rules
+            .header_value(b"Bearer sk-ant-STUB-aaaa", &mut inj)
+            .expect("ok")
+            .expect("changed");
         assert_eq!(out, b"Bearer sk-ant-REAL-1111");
         assert_eq!(inj.0, vec![(0, Location::Header)]);
     }
@@ -350,7 +400,10 @@ mod tests {
         let set = set();
         let rules = HostRules::new(&set, &host("api.anthropic.com"));
         let mut inj = Injections::default();
-        let out = rules.header_value(b"sk-ant-STUB-aaaa,sk-ant-STUB-aaaa", &mut inj).expect("ok").expect("changed");
+        let out = rules
+            .header_value(b"sk-ant-STUB-aaaa,sk-ant-STUB-aaaa", &mut inj)
+            .expect("ok")
+            .expect("changed");
         assert_eq!(out, b"sk-ant-REAL-1111,sk-ant-REAL-1111");
         assert_eq!(inj.0.len(), 1);
     }
@@ -359,15 +412,26 @@ mod tests {
     fn stub_for_unbound_host_is_exfiltration() {
         let set = set();
         let rules = HostRules::new(&set, &host("api.github.com"));
-        let err = rules.header_value(b"x sk-ant-STUB-aaaa", &mut Injections::default()).expect_err("blocked");
-        assert_eq!(err, Exfiltration { secret: "ANTHROPIC_API_KEY".into(), location: Location::Header });
+        let err = rules
+            .header_value(b"x sk-ant-STUB-aaaa", &mut Injections::default())
+            .expect_err("blocked");
+        assert_eq!(
+            err,
+            Exfiltration {
+                secret: "ANTHROPIC_API_KEY".into(),
+                location: Location::Header
+            }
+        );
     }
 
     #[test]
     fn header_without_stub_is_untouched() {
         let set = set();
         let rules = HostRules::new(&set, &host("api.anthropic.com"));
-        assert_eq!(rules.header_value(b"application/json", &mut Injections::default()), Ok(None));
+        assert_eq!(
+            rules.header_value(b"application/json", &mut Injections::default()),
+            Ok(None)
+        );
     }
 
     #[test]
@@ -376,8 +440,14 @@ mod tests {
         let rules = HostRules::new(&set, &host("github.com"));
         let header = format!("Basic {}", BASE64.encode("x-access-token:ghp_STUBbbbbbbbb"));
         let mut inj = Injections::default();
-        let out = rules.header_value(header.as_bytes(), &mut inj).expect("ok").expect("changed");
-        assert_eq!(out, format!("Basic {}", BASE64.encode("x-access-token:ghp_REAL22222222")).into_bytes());
+        let out = rules
+            .header_value(header.as_bytes(), &mut inj)
+            .expect("ok")
+            .expect("changed");
+        assert_eq!(
+            out,
+            format!("Basic {}", BASE64.encode("x-access-token:ghp_REAL22222222")).into_bytes()
+        );
         assert_eq!(inj.0, vec![(1, Location::Header)]);
     }
 
@@ -386,14 +456,19 @@ mod tests {
         let set = set();
         let rules = HostRules::new(&set, &host("evil.example"));
         let header = format!("basic {}", BASE64.encode("x:ghp_STUBbbbbbbbb"));
-        assert!(rules.header_value(header.as_bytes(), &mut Injections::default()).is_err());
+        assert!(rules
+            .header_value(header.as_bytes(), &mut Injections::default())
+            .is_err());
     }
 
     #[test]
     fn basic_auth_that_is_not_base64_is_left_alone() {
         let set = set();
         let rules = HostRules::new(&set, &host("github.com"));
-        assert_eq!(rules.header_value(b"Basic !!!not-base64", &mut Injections::default()), Ok(None));
+        assert_eq!(
+            rules.header_value(b"Basic !!!not-base64", &mut Injections::default()),
+            Ok(None)
+        );
     }
 
     #[test]
@@ -401,12 +476,19 @@ mod tests {
         let set = set();
         let gh = HostRules::new(&set, &host("api.github.com"));
         let mut inj = Injections::default();
-        let out = gh.path_and_query("/repos?access_token=ghp_STUBbbbbbbbb&x=1", &mut inj).expect("ok");
-        assert_eq!(out.as_deref(), Some("/repos?access_token=ghp_REAL22222222&x=1"));
+        let out = gh
+            .path_and_query("/repos?access_token=ghp_STUBbbbbbbbb&x=1", &mut inj)
+            .expect("ok");
+        assert_eq!(
+            out.as_deref(),
+            Some("/repos?access_token=ghp_REAL22222222&x=1")
+        );
         assert_eq!(inj.0, vec![(1, Location::Query)]);
 
         let an = HostRules::new(&set, &host("api.anthropic.com"));
-        let out = an.path_and_query("/v1?key=sk-ant-STUB-aaaa", &mut Injections::default()).expect("ok");
+        let out = an
+            .path_and_query("/v1?key=sk-ant-STUB-aaaa", &mut Injections::default())
+            .expect("ok");
         assert_eq!(out, None, "header-only secret is not swapped in the query");
     }
 
@@ -414,18 +496,34 @@ mod tests {
     fn stub_in_path_to_unbound_host_is_exfiltration() {
         let set = set();
         let rules = HostRules::new(&set, &host("evil.example"));
-        assert!(rules.path_and_query("/leak/ghp_STUBbbbbbbbb", &mut Injections::default()).is_err());
+        assert!(rules
+            .path_and_query("/leak/ghp_STUBbbbbbbbb", &mut Injections::default())
+            .is_err());
     }
 
     #[test]
     fn body_rewriter_exists_only_when_body_is_allowed() {
         let set = set();
-        assert!(HostRules::new(&set, &host("api.anthropic.com")).body_rewriter().is_none());
-        let mut rw = HostRules::new(&set, &host("github.com")).body_rewriter().expect("rewriter");
+        assert!(HostRules::new(&set, &host("api.anthropic.com"))
+            .body_rewriter()
+            .is_none());
+        let mut rw = HostRules::new(&set, &host("github.com"))
+            .body_rewriter()
+            .expect("rewriter");
         let mut out = rw.push(Bytes::from_static(b"{\"t\":\"ghp_STUB"));
-        out = [out, rw.push(Bytes::from_static(b"bbbbbbbb\", \"a\": \"sk-ant-STUB-aaaa\"}"))].concat().into();
+        out = [
+            out,
+            rw.push(Bytes::from_static(
+                b"bbbbbbbb\", \"a\": \"sk-ant-STUB-aaaa\"}",
+            )),
+        ]
+        .concat()
+        .into();
         out = [out, rw.finish()].concat().into();
-        assert_eq!(&out[..], b"{\"t\":\"ghp_REAL22222222\", \"a\": \"sk-ant-STUB-aaaa\"}");
+        assert_eq!(
+            &out[..],
+            b"{\"t\":\"ghp_REAL22222222\", \"a\": \"sk-ant-STUB-aaaa\"}"
+        );
     }
 
     #[test]
@@ -437,9 +535,17 @@ mod tests {
         );
         let mut r = redactor(&set).expect("redactor");
         let a = r.push(Bytes::from_static(b"data: ghp_REAL2222"));
-        assert_eq!(&a[..], b"data: ", "only the live partial match is held back");
+        assert_eq!(
+            &a[..],
+            b"data: ",
+            "only the live partial match is held back"
+        );
         let b = r.push(Bytes::from_static(b"2222\n\n"));
-        assert_eq!(&b[..], b"ghp_STUBbbbbbbbb\n\n", "a complete event is released at once");
+        assert_eq!(
+            &b[..],
+            b"ghp_STUBbbbbbbbb\n\n",
+            "a complete event is released at once"
+        );
         assert!(r.finish().is_empty());
     }
 
@@ -453,7 +559,10 @@ mod tests {
     }
 
     fn one_shot(patterns: &[Vec<u8>], replace: &[bool], text: &[u8]) -> Vec<u8> {
-        let ac = AhoCorasickBuilder::new().match_kind(MatchKind::LeftmostLongest).build(patterns).expect("ac");
+        let ac = AhoCorasickBuilder::new()
+            .match_kind(MatchKind::LeftmostLongest)
+            .build(patterns)
+            .expect("ac");
         let mut out = Vec::new();
         let mut last = 0;
         for m in ac.find_iter(text) {

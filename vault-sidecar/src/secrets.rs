@@ -44,7 +44,9 @@ impl FromStr for Location {
             "header" => Ok(Self::Header),
             "query" => Ok(Self::Query),
             "body" => Ok(Self::Body),
-            other => Err(format!("`{other}` is not one of \"header\", \"query\", \"body\"")),
+            other => Err(format!(
+                "`{other}` is not one of \"header\", \"query\", \"body\""
+            )),
         }
     }
 }
@@ -63,7 +65,9 @@ impl LocationSet {
     }
 
     pub fn iter(self) -> impl Iterator<Item = Location> {
-        [Location::Header, Location::Query, Location::Body].into_iter().filter(move |l| self.contains(*l))
+        [Location::Header, Location::Query, Location::Body]
+            .into_iter()
+            .filter(move |l| self.contains(*l))
     }
 }
 
@@ -103,7 +107,9 @@ pub struct SecretSet {
 
 impl fmt::Debug for SecretSet {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.debug_struct("SecretSet").field("secrets", &self.secrets).finish_non_exhaustive()
+        f.debug_struct("SecretSet")
+            .field("secrets", &self.secrets)
+            .finish_non_exhaustive()
     }
 }
 
@@ -116,17 +122,35 @@ where
     if patterns.is_empty() {
         return None;
     }
-    AhoCorasickBuilder::new().match_kind(MatchKind::LeftmostLongest).build(patterns).ok()
+    AhoCorasickBuilder::new()
+        .match_kind(MatchKind::LeftmostLongest)
+        .build(patterns)
+        .ok()
 }
 
 impl SecretSet {
     pub fn new(secrets: Vec<Secret>) -> Self {
         let stubs = automaton(secrets.iter().map(|s| s.stub.as_bytes()));
-        let redact_ids: Vec<usize> =
-            secrets.iter().enumerate().filter(|(_, s)| s.value.len() >= MIN_REDACT_LEN).map(|(i, _)| i).collect();
+        let redact_ids: Vec<usize> = secrets
+            .iter()
+            .enumerate()
+            .filter(|(_, s)| s.value.len() >= MIN_REDACT_LEN)
+            .map(|(i, _)| i)
+            .collect();
         let values = automaton(redact_ids.iter().map(|&i| secrets[i].value.as_bytes()));
-        let bound = HostSet(secrets.iter().flat_map(|s| s.hosts.0.iter().cloned()).collect());
-        Self { secrets, stubs, values, redact_ids, bound }
+        let bound = HostSet(
+            secrets
+                .iter()
+                .flat_map(|s| s.hosts.0.iter().cloned())
+                .collect(),
+        );
+        Self {
+            secrets,
+            stubs,
+            values,
+            redact_ids,
+            bound,
+        }
     }
 
     pub fn empty() -> Self {
@@ -152,7 +176,9 @@ impl SecretSet {
 
     /// Automaton over the redactable real values, and the secret index of each pattern.
     pub fn value_automaton(&self) -> Option<(&AhoCorasick, &[usize])> {
-        self.values.as_ref().map(|ac| (ac, self.redact_ids.as_slice()))
+        self.values
+            .as_ref()
+            .map(|ac| (ac, self.redact_ids.as_slice()))
     }
 
     /// Every host pattern some secret is bound to.

@@ -1,0 +1,132 @@
+//! Audit events: one per intercepted request, logged as a JSON line and kept (the last 1000) for
+//! `GET /interceptions`. An event names secrets, never values or stubs; the path keeps query
+//! *names* only.
+
+use std::collections::VecDeque;
+use std::sync::Mutex;
+
+use serde::Serialize;
+
+/// How many events `GET /interceptions` keeps.
+pub const AUDIT_CAPACITY: usize = 1000;
+
+/// One injected secret.
+#[derive(Debug, Clone, Serialize, PartialEq, Eq)]
+pub struct Injected {
+    pub secret: String,
+    pub location: &'static str,
+}
+
+/// One intercepted request (SPEC §2.2 "Audit event").
+#[derive(Debug, Clone, Serialize)]
+pub struct AuditEvent {
+    /// RFC 3339, UTC.
+    pub time: String,
+    pub method: String,
+    pub host: String,
+    pub port: u16,
+    /// Path with query values removed (`/v1/x?key=&page=`).
+    pub path: String,
+    pub status: u16,
+    pub injected: Vec<Injected>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub blocked: Option<&'static str>,
+    /// Secret named by a block (stub exfiltration).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub blocked_secret: Option<String>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub error: Option<&'static str>,
+    pub bytes_up: u64,
+    pub bytes_down: u64,
+    pub duration_ms: f64,
+}
+
+/// `path?a=1&b=2` → `path?a=&b=`.
+pub fn path_without_query_values(pq: &str) -> String {
+    match pq.split_once('?') {
+        None => pq.to_owned(),
+        Some((path, query)) => {
+            let names: Vec<&str> = query
+                .split('&')
+                .map(|kv| kv.split_once('=').map_or(kv, |(k, _)| k))
+                .collect();
+            format!(
+                "{path}?{}",
+                names
+                    .iter()
+                    .map(|n| format!("{n}="))
+                    .collect::<Vec<_>>()
+                    .join("&")
+            )
+        }
+    }
+}
+
+/// The ring buffer behind `GET /interceptions`.
+#[derive(Debug, Default)]
+pub struct AuditLog {
+    events: Mutex<VecDeque<AuditEvent>>,
+}
+
+impl AuditLog {
+    /// Log the event as a JSON line and keep it.
+    pub fn record(&self, event: AuditEvent) {
+        if let Ok(json) = serde_json::to_string(&event) {
+            tracing::info!(target: "audit", audit = %json, "intercepted request");
+        }
+        let mut events = self.events.lock().unwrap_or_else(|p| p.into_inner());
+        if events.len() == AUDIT_CAPACITY {
+            events.pop_front();
+        }
+        events.push_back(event);
+    }
+
+    /// Oldest first.
+    pub fn snapshot(&self) -> Vec<AuditEvent> {
+        self.events
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .iter()
+            .cloned()
+            .collect()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn query_values_are_dropped() {
+        assert_eq!(
+            path_without_query_values("/a?key=SECRET&x=1&flag"),
+            "/a?key=&x=&flag="
+        );
+        assert_eq!(path_without_query_values("/a"), "/a");
+    }
+
+    #[test]
+    fn ring_keeps_the_last_thousand() {
+        let log = AuditLog::default();
+        for i in 0..1005u16 {
+            log.record(AuditEvent {
+                time: String::new(),
+                method: "GET".into(),
+                host: "h".into(),
+                port: 443,
+                path: "/".into(),
+                status: i,
+                injected: vec![],
+                blocked: None,
+                blocked_secret: None,
+                error: None,
+                bytes_up: 0,
+                bytes_down: 0,
+                duration_ms: 0.0,
+            });
+        }
+        let events = log.snapshot();
+        assert_eq!(events.len(), AUDIT_CAPACITY);
+        assert_eq!(events[0].status, 5);
+    }
+}

@@ -1,0 +1,174 @@
+//! Streaming bodies: stub swapping / redaction on data frames, byte counting, and a hook that runs
+//! once when the body ends or is dropped (audit, metrics). Nothing here buffers a whole body.
+
+use std::pin::Pin;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
+use std::task::{ready, Context, Poll};
+
+use bytes::Bytes;
+use http::HeaderMap;
+use http_body::{Body, Frame, SizeHint};
+use pin_project_lite::pin_project;
+
+use crate::rewrite::StreamRewriter;
+use crate::upstream::BoxError;
+
+/// Called once with the rewriter's hits (by pattern id) when the body ends or is dropped.
+pub type OnEnd = Box<dyn FnOnce(&[u64]) + Send>;
+
+pin_project! {
+    /// A body passed through an optional [`StreamRewriter`], counting the bytes it yields.
+    pub struct StreamBody<B> {
+        #[pin]
+        inner: B,
+        rewriter: Option<StreamRewriter>,
+        counter: Arc<AtomicU64>,
+        trailers: Option<HeaderMap>,
+        done: bool,
+        on_end: Option<OnEnd>,
+    }
+
+    impl<B> PinnedDrop for StreamBody<B> {
+        fn drop(this: Pin<&mut Self>) {
+            let this = this.project();
+            if let Some(f) = this.on_end.take() {
+                let hits = this.rewriter.as_ref().map(|r| r.hits().to_vec()).unwrap_or_default();
+                f(&hits);
+            }
+        }
+    }
+}
+
+impl<B> StreamBody<B> {
+    pub fn new(
+        inner: B,
+        rewriter: Option<StreamRewriter>,
+        counter: Arc<AtomicU64>,
+        on_end: Option<OnEnd>,
+    ) -> Self {
+        Self {
+            inner,
+            rewriter,
+            counter,
+            trailers: None,
+            done: false,
+            on_end,
+        }
+    }
+}
+
+impl<B> Body for StreamBody<B>
+where
+    B: Body<Data = Bytes>,
+    B::Error: Into<BoxError>,
+{
+    type Data = Bytes;
+    type Error = BoxError;
+
+    fn poll_frame(
+        self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+    ) -> Poll<Option<Result<Frame<Bytes>, BoxError>>> {
+        let mut this = self.project();
+        loop {
+            if *this.done {
+                return Poll::Ready(this.trailers.take().map(|t| Ok(Frame::trailers(t))));
+            }
+            match ready!(this.inner.as_mut().poll_frame(cx)) {
+                Some(Ok(frame)) => match frame.into_data() {
+                    Ok(data) => {
+                        let out = match this.rewriter.as_mut() {
+                            Some(rw) => rw.push(data),
+                            None => data,
+                        };
+                        if out.is_empty() {
+                            continue;
+                        }
+                        this.counter.fetch_add(out.len() as u64, Ordering::Relaxed);
+                        return Poll::Ready(Some(Ok(Frame::data(out))));
+                    }
+                    Err(frame) => {
+                        // Trailers end the body: flush what the rewriter holds first.
+                        *this.done = true;
+                        *this.trailers = frame.into_trailers().ok();
+                        if let Some(rest) = this.rewriter.as_mut().map(StreamRewriter::finish) {
+                            if !rest.is_empty() {
+                                this.counter.fetch_add(rest.len() as u64, Ordering::Relaxed);
+                                return Poll::Ready(Some(Ok(Frame::data(rest))));
+                            }
+                        }
+                    }
+                },
+                Some(Err(e)) => {
+                    *this.done = true;
+                    return Poll::Ready(Some(Err(e.into())));
+                }
+                None => {
+                    *this.done = true;
+                    if let Some(rest) = this.rewriter.as_mut().map(StreamRewriter::finish) {
+                        if !rest.is_empty() {
+                            this.counter.fetch_add(rest.len() as u64, Ordering::Relaxed);
+                            return Poll::Ready(Some(Ok(Frame::data(rest))));
+                        }
+                    }
+                }
+            }
+        }
+    }
+
+    fn is_end_stream(&self) -> bool {
+        self.rewriter.is_none() && self.inner.is_end_stream()
+    }
+
+    fn size_hint(&self) -> SizeHint {
+        // A rewritten body's length is unknown until it has been read.
+        if self.rewriter.is_none() {
+            self.inner.size_hint()
+        } else {
+            SizeHint::default()
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use aho_corasick::{AhoCorasickBuilder, MatchKind};
+    use http_body_util::{BodyExt, StreamBody as FrameStream};
+    use std::convert::Infallible;
+    use std::sync::Mutex;
+
+    #[tokio::test]
+    async fn rewrites_across_frames_counts_bytes_and_reports_hits_once() {
+        let frames: Vec<Result<Frame<Bytes>, Infallible>> = ["ab", "cSTU", "B-1234", "5678 tail"]
+            .iter()
+            .map(|s| Ok(Frame::data(Bytes::from(*s))))
+            .collect();
+        let inner = FrameStream::new(futures_util::stream::iter(frames));
+        let ac = AhoCorasickBuilder::new()
+            .match_kind(MatchKind::LeftmostLongest)
+            .build(["STUB-12345678"])
+            .expect("ac");
+        let rw = StreamRewriter::new(
+            ac,
+            vec![Bytes::from("STUB-12345678")],
+            vec![Some(Bytes::from("REAL"))],
+        );
+        let counter = Arc::new(AtomicU64::new(0));
+        let seen = Arc::new(Mutex::new(Vec::new()));
+        let seen2 = seen.clone();
+        let body = StreamBody::new(
+            inner,
+            Some(rw),
+            counter.clone(),
+            Some(Box::new(move |h| {
+                seen2.lock().expect("lock").extend_from_slice(h)
+            })),
+        );
+        let out = body.collect().await.expect("collect").to_bytes();
+        assert_eq!(&out[..], b"abcREAL tail");
+        assert_eq!(counter.load(Ordering::Relaxed), 12);
+        assert_eq!(*seen.lock().expect("lock"), vec![1]);
+    }
+}

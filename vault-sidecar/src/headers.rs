@@ -1,0 +1,127 @@
+//! Hop-by-hop headers (RFC 9110 §7.6.1): never forwarded, in either direction.
+//!
+//! Removed: `Connection` and every header it names, `Proxy-Connection`, `Keep-Alive`,
+//! `Transfer-Encoding`, `TE` (except `TE: trailers`, which h2 and gRPC need), `Trailer`,
+//! `Upgrade` (kept on a WebSocket handshake), `Proxy-Authorization`, `Proxy-Authenticate`.
+
+use http::header::{self, HeaderName, HeaderValue};
+use http::HeaderMap;
+
+const FIXED: &[HeaderName] = &[
+    header::PROXY_AUTHORIZATION,
+    header::PROXY_AUTHENTICATE,
+    header::TRANSFER_ENCODING,
+    header::TRAILER,
+];
+
+/// Whether a request or response asks for a protocol upgrade (RFC 9110 §7.8).
+pub fn is_upgrade(headers: &HeaderMap) -> bool {
+    headers.contains_key(header::UPGRADE)
+        && connection_tokens(headers).any(|t| t.eq_ignore_ascii_case("upgrade"))
+}
+
+fn connection_tokens(headers: &HeaderMap) -> impl Iterator<Item = &str> {
+    headers
+        .get_all(header::CONNECTION)
+        .iter()
+        .filter_map(|v| v.to_str().ok())
+        .flat_map(|v| v.split(','))
+        .map(str::trim)
+        .filter(|t| !t.is_empty())
+}
+
+/// Remove hop-by-hop headers in place. With `keep_upgrade`, `Upgrade` and `Connection: upgrade`
+/// survive (the WebSocket handshake needs both).
+pub fn strip_hop_by_hop(headers: &mut HeaderMap, keep_upgrade: bool) {
+    let named: Vec<HeaderName> = connection_tokens(headers)
+        .filter(|t| !(keep_upgrade && t.eq_ignore_ascii_case("upgrade")))
+        .filter_map(|t| HeaderName::from_bytes(t.as_bytes()).ok())
+        .collect();
+    for name in named {
+        if !(keep_upgrade && name == header::UPGRADE) {
+            headers.remove(&name);
+        }
+    }
+    headers.remove(header::CONNECTION);
+    headers.remove("proxy-connection");
+    headers.remove("keep-alive");
+    for name in FIXED {
+        headers.remove(name);
+    }
+    let te_trailers = headers
+        .get(header::TE)
+        .is_some_and(|v| v.as_bytes().eq_ignore_ascii_case(b"trailers"));
+    headers.remove(header::TE);
+    if te_trailers {
+        headers.insert(header::TE, HeaderValue::from_static("trailers"));
+    }
+    if keep_upgrade {
+        headers.insert(header::CONNECTION, HeaderValue::from_static("upgrade"));
+    } else {
+        headers.remove(header::UPGRADE);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn map(pairs: &[(&str, &str)]) -> HeaderMap {
+        let mut h = HeaderMap::new();
+        for (k, v) in pairs {
+            h.append(
+                HeaderName::from_bytes(k.as_bytes()).expect("name"),
+                HeaderValue::from_str(v).expect("value"),
+            );
+        }
+        h
+    }
+
+    #[test]
+    fn strips_fixed_and_connection_named_headers() {
+        let mut h = map(&[
+            ("connection", "keep-alive, x-secret-hop"),
+            ("x-secret-hop", "1"),
+            ("keep-alive", "timeout=5"),
+            ("proxy-authorization", "Basic abc"),
+            ("proxy-connection", "keep-alive"),
+            ("transfer-encoding", "chunked"),
+            ("te", "gzip"),
+            ("upgrade", "h2c"),
+            ("x-api-key", "k"),
+        ]);
+        strip_hop_by_hop(&mut h, false);
+        let names: Vec<&str> = h.keys().map(HeaderName::as_str).collect();
+        assert_eq!(names, vec!["x-api-key"]);
+    }
+
+    #[test]
+    fn te_trailers_survives() {
+        let mut h = map(&[("te", "trailers")]);
+        strip_hop_by_hop(&mut h, false);
+        assert_eq!(
+            h.get("te").map(HeaderValue::as_bytes),
+            Some(&b"trailers"[..])
+        );
+    }
+
+    #[test]
+    fn websocket_handshake_keeps_upgrade() {
+        let mut h = map(&[
+            ("connection", "Upgrade"),
+            ("upgrade", "websocket"),
+            ("sec-websocket-key", "x"),
+        ]);
+        assert!(is_upgrade(&h));
+        strip_hop_by_hop(&mut h, true);
+        assert_eq!(
+            h.get("upgrade").map(HeaderValue::as_bytes),
+            Some(&b"websocket"[..])
+        );
+        assert_eq!(
+            h.get("connection").map(HeaderValue::as_bytes),
+            Some(&b"upgrade"[..])
+        );
+        assert!(h.contains_key("sec-websocket-key"));
+    }
+}

@@ -1,0 +1,636 @@
+//! Inside an intercepted tunnel: TLS toward the client, then each request's life —
+//! authority check (`421`) → stub swapping ([`crate::rewrite`]) → upstream → redaction → audit.
+//!
+//! [`serve_tunnel`] terminates TLS with the target's leaf (ALPN from the client's own offer) and
+//! serves HTTP/1.1 (with upgrades) or h2; [`Exchange::handle`] is one request.
+
+use std::convert::Infallible;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use bytes::Bytes;
+use http::header::{self, HeaderValue};
+use http::{Method, Request, Response, StatusCode, Uri, Version};
+use http_body_util::BodyExt;
+use hyper::body::Incoming;
+use hyper::service::service_fn;
+use hyper_util::rt::{TokioExecutor, TokioIo, TokioTimer};
+use tokio::io::{AsyncRead, AsyncWrite};
+use tokio_rustls::LazyConfigAcceptor;
+
+use crate::answer::{self, BlockReason};
+use crate::audit::{path_without_query_values, AuditEvent, Injected};
+use crate::body::StreamBody;
+use crate::connect::Target;
+use crate::headers::{is_upgrade, strip_hop_by_hop};
+use crate::hosts::TargetHost;
+use crate::metrics::{status_class, BlockLabels, ErrorLabels, InjectionLabels, RequestLabels};
+use crate::proxy::Proxy;
+use crate::rewrite::{self, HostRules, Injections};
+use crate::secrets::{Location, SecretSet};
+use crate::tls::{sni_matches, CacheOutcome};
+use crate::upstream::{find_upstream_error, ProxyBody};
+
+/// Client-side TLS handshake deadline (a CONNECT that never sends a ClientHello is closed).
+pub const CLIENT_HANDSHAKE_TIMEOUT: Duration = Duration::from_secs(10);
+/// HTTP/1.1 request-head read deadline inside a tunnel; long, so idle keep-alive tunnels survive.
+pub const HEADER_READ_TIMEOUT: Duration = Duration::from_secs(600);
+/// Request bodies up to this size that need rewriting are rewritten whole, keeping an exact
+/// `Content-Length`; larger ones are streamed with chunked framing.
+pub const EXACT_LENGTH_LIMIT: u64 = 1 << 20;
+
+/// Terminate TLS for `target` on `io` and serve the requests inside.
+pub async fn serve_tunnel<I>(proxy: Arc<Proxy>, io: I, target: Target)
+where
+    I: AsyncRead + AsyncWrite + Unpin + Send + 'static,
+{
+    let acceptor = LazyConfigAcceptor::new(rustls::server::Acceptor::default(), io);
+    let start = match tokio::time::timeout(CLIENT_HANDSHAKE_TIMEOUT, acceptor).await {
+        Ok(Ok(start)) => start,
+        Ok(Err(e)) => {
+            tracing::debug!(target = %target, error = %e, "client TLS: no valid ClientHello");
+            return;
+        }
+        Err(_) => {
+            tracing::debug!(target = %target, "client TLS: no ClientHello before the deadline");
+            return;
+        }
+    };
+    let sni = start.client_hello().server_name().map(str::to_owned);
+    let misdirected = !sni_matches(sni.as_deref(), &target.host);
+    let config = match proxy.leaves.get(&target.host).await {
+        Ok((config, outcome)) => {
+            match outcome {
+                CacheOutcome::Minted => proxy.metrics.cert_mints.inc(),
+                CacheOutcome::Hit => proxy.metrics.cert_cache_hits.inc(),
+            };
+            config
+        }
+        Err(e) => {
+            tracing::error!(target = %target, error = %e, "cannot mint a leaf certificate");
+            return;
+        }
+    };
+    let tls = match tokio::time::timeout(CLIENT_HANDSHAKE_TIMEOUT, start.into_stream(config)).await
+    {
+        Ok(Ok(tls)) => tls,
+        Ok(Err(e)) => {
+            tracing::debug!(target = %target, error = %e, "client TLS handshake failed");
+            return;
+        }
+        Err(_) => return,
+    };
+    let h2 = tls.get_ref().1.alpn_protocol() == Some(b"h2");
+    let tunnel = Arc::new(Tunnel {
+        proxy,
+        target,
+        misdirected,
+    });
+    let service = service_fn(move |req| {
+        let tunnel = tunnel.clone();
+        async move { Ok::<_, Infallible>(tunnel.handle(req).await) }
+    });
+    let io = TokioIo::new(tls);
+    let result = if h2 {
+        hyper::server::conn::http2::Builder::new(TokioExecutor::new())
+            .timer(TokioTimer::new())
+            .serve_connection(io, service)
+            .await
+    } else {
+        hyper::server::conn::http1::Builder::new()
+            .timer(TokioTimer::new())
+            .header_read_timeout(HEADER_READ_TIMEOUT)
+            .half_close(true)
+            .serve_connection(io, service)
+            .with_upgrades()
+            .await
+    };
+    if let Err(e) = result {
+        tracing::debug!(error = %e, "intercepted connection ended with an error");
+    }
+}
+
+/// One intercepted tunnel: the CONNECT target its requests must name.
+struct Tunnel {
+    proxy: Arc<Proxy>,
+    target: Target,
+    /// The ClientHello's SNI named another host: every request gets `421`.
+    misdirected: bool,
+}
+
+/// Whether a request's authority (h2 `:authority`, else `Host`) names the CONNECT target.
+fn authority_matches(req: &Request<Incoming>, target: &Target) -> bool {
+    let authority = match req.uri().authority() {
+        Some(a) => Some((a.host().to_owned(), a.port_u16())),
+        None => req
+            .headers()
+            .get(header::HOST)
+            .and_then(|h| h.to_str().ok())
+            .and_then(|h| h.parse::<http::uri::Authority>().ok())
+            .map(|a| (a.host().to_owned(), a.port_u16())),
+    };
+    match authority {
+        // HTTP/1.0 clients may omit Host; the CONNECT target then stands.
+        None => req.version() < Version::HTTP_11,
+        Some((host, port)) => {
+            TargetHost::parse(&host) == target.host && port.is_none_or(|p| p == target.port)
+        }
+    }
+}
+
+/// Per-request counters shared by the request body, the response body and the audit event.
+#[derive(Default)]
+struct Exchange {
+    bytes_up: Arc<AtomicU64>,
+    bytes_down: Arc<AtomicU64>,
+    body_hits: Mutex<Vec<u64>>,
+}
+
+/// What the audit event needs, gathered while handling the request.
+struct Record {
+    start: Instant,
+    method: Method,
+    path: String,
+    injections: Injections,
+}
+
+impl Tunnel {
+    async fn handle(&self, req: Request<Incoming>) -> Response<ProxyBody> {
+        let record = Record {
+            start: Instant::now(),
+            method: req.method().clone(),
+            path: path_without_query_values(
+                req.uri().path_and_query().map_or("/", |pq| pq.as_str()),
+            ),
+            injections: Injections::default(),
+        };
+        let secrets = self.proxy.secrets();
+        let exchange = Arc::new(Exchange::default());
+
+        if self.misdirected || !authority_matches(&req, &self.target) {
+            let resp = answer::error(
+                StatusCode::MISDIRECTED_REQUEST,
+                "misdirected-request",
+                &self.target.host.to_string(),
+                "the request names a host other than the CONNECT target",
+            );
+            return self.finish_local(
+                resp,
+                record,
+                &secrets,
+                &exchange,
+                None,
+                Some("misdirected-request"),
+            );
+        }
+        self.forward(req, record, secrets, exchange).await
+    }
+
+    async fn forward(
+        &self,
+        mut req: Request<Incoming>,
+        mut record: Record,
+        secrets: Arc<SecretSet>,
+        exchange: Arc<Exchange>,
+    ) -> Response<ProxyBody> {
+        let host = self.target.host.to_string();
+        let rules = HostRules::new(&secrets, &self.target.host);
+        let upgrade = is_upgrade(req.headers());
+        let client_upgrade = upgrade.then(|| hyper::upgrade::on(&mut req));
+        let (mut parts, body) = req.into_parts();
+
+        // Request target: swap the query, refuse foreign stubs in the path.
+        let pq = parts
+            .uri
+            .path_and_query()
+            .map_or("/", |pq| pq.as_str())
+            .to_owned();
+        let pq = match rules.path_and_query(&pq, &mut record.injections) {
+            Ok(swapped) => swapped.unwrap_or(pq),
+            Err(ex) => return self.exfiltration(ex, record, &secrets, &exchange),
+        };
+        let uri: Uri = match format!("https://{}{pq}", self.target.uri_authority(443)).parse() {
+            Ok(u) => u,
+            Err(_) => return answer::bad_request("the request target is not a valid URI"),
+        };
+
+        // Headers: hop-by-hop out, then every value swapped (before any body byte moves).
+        strip_hop_by_hop(&mut parts.headers, upgrade);
+        parts.headers.remove(header::HOST);
+        parts.headers.remove(header::EXPECT); // answered by our own server side (RFC 9110 §10.1.1)
+        for (name, value) in parts.headers.iter_mut() {
+            match rules.header_value(value.as_bytes(), &mut record.injections) {
+                Ok(None) => {}
+                Ok(Some(swapped)) => match HeaderValue::from_bytes(&swapped) {
+                    Ok(v) => *value = v,
+                    Err(_) => {
+                        tracing::error!(header = %name, "a secret value is not a valid header value");
+                        let resp = answer::error(
+                            StatusCode::INTERNAL_SERVER_ERROR,
+                            "invalid-secret-value",
+                            &host,
+                            "a secret's value cannot be sent in a header",
+                        );
+                        return self.finish_local(resp, record, &secrets, &exchange, None, None);
+                    }
+                },
+                Err(ex) => return self.exfiltration(ex, record, &secrets, &exchange),
+            }
+        }
+
+        // Body: rewritten only for identity encoding; compressed bodies pass untouched.
+        let identity = parts
+            .headers
+            .get(header::CONTENT_ENCODING)
+            .is_none_or(|v| v.as_bytes().eq_ignore_ascii_case(b"identity"));
+        let rewriter = if http_body::Body::is_end_stream(&body) {
+            None
+        } else {
+            rules.body_rewriter()
+        };
+        let rewriter = match (rewriter, identity) {
+            (Some(_), false) => {
+                tracing::info!(host = %host, "request body is compressed; body stubs are not swapped");
+                None
+            }
+            (rw, _) => rw,
+        };
+        let body: ProxyBody = match rewriter {
+            None => StreamBody::new(body, None, exchange.bytes_up.clone(), None).boxed_unsync(),
+            Some(mut rw) => {
+                let length = parts
+                    .headers
+                    .get(header::CONTENT_LENGTH)
+                    .and_then(|v| v.to_str().ok())
+                    .and_then(|v| v.parse::<u64>().ok());
+                match length {
+                    Some(len) if len <= EXACT_LENGTH_LIMIT => {
+                        let whole = match body.collect().await {
+                            Ok(c) => c.to_bytes(),
+                            Err(e) => {
+                                tracing::debug!(error = %e, "client request body ended early");
+                                return answer::bad_request(
+                                    "the request body ended before Content-Length",
+                                );
+                            }
+                        };
+                        let mut out = rw.push(whole).to_vec();
+                        out.extend_from_slice(&rw.finish());
+                        *exchange.body_hits.lock().unwrap_or_else(|p| p.into_inner()) =
+                            rw.hits().to_vec();
+                        exchange
+                            .bytes_up
+                            .fetch_add(out.len() as u64, Ordering::Relaxed);
+                        parts
+                            .headers
+                            .insert(header::CONTENT_LENGTH, HeaderValue::from(out.len()));
+                        answer::full(Bytes::from(out))
+                    }
+                    _ => {
+                        parts.headers.remove(header::CONTENT_LENGTH);
+                        let ex = exchange.clone();
+                        let on_end = Box::new(move |hits: &[u64]| {
+                            *ex.body_hits.lock().unwrap_or_else(|p| p.into_inner()) = hits.to_vec();
+                        });
+                        StreamBody::new(body, Some(rw), exchange.bytes_up.clone(), Some(on_end))
+                            .boxed_unsync()
+                    }
+                }
+            }
+        };
+
+        parts.uri = uri;
+        parts.version = Version::HTTP_11;
+        let upstream_req = Request::from_parts(parts, body);
+        let client = if upgrade {
+            &self.proxy.upstreams.h1_only
+        } else {
+            &self.proxy.upstreams.h2_or_h1
+        };
+        let prepared = record.start.elapsed();
+        let sent_at = Instant::now();
+        let result = client.request(upstream_req).await;
+        let upstream_time = sent_at.elapsed();
+        let mut resp = match result {
+            Ok(r) => r,
+            Err(e) => {
+                let (status, kind, reason) = match find_upstream_error(&e) {
+                    Some(u) => (u.status(), u.kind(), u.to_string()),
+                    None => (
+                        StatusCode::BAD_GATEWAY,
+                        "upstream-protocol",
+                        format!("{e}: {}", source_chain(&e)),
+                    ),
+                };
+                tracing::warn!(host = %host, kind, reason = %reason, "upstream request failed");
+                let resp = answer::error(status, kind, &host, &reason);
+                return self.finish_local(resp, record, &secrets, &exchange, Some(kind), None);
+            }
+        };
+        let post_start = Instant::now();
+
+        // WebSocket (or other) upgrade: relay raw bytes both ways once both sides have switched.
+        if resp.status() == StatusCode::SWITCHING_PROTOCOLS {
+            if let Some(client_upgrade) = client_upgrade {
+                let upstream_upgrade = hyper::upgrade::on(&mut resp);
+                tokio::spawn(async move {
+                    if let (Ok(c), Ok(u)) = (client_upgrade.await, upstream_upgrade.await) {
+                        let _ = tokio::io::copy_bidirectional(
+                            &mut TokioIo::new(c),
+                            &mut TokioIo::new(u),
+                        )
+                        .await;
+                    }
+                });
+            }
+            let (parts, _) = resp.into_parts();
+            return self.finish_response(
+                parts,
+                None,
+                record,
+                &secrets,
+                &exchange,
+                prepared,
+                upstream_time,
+                post_start,
+            );
+        }
+
+        let (mut parts, body) = resp.into_parts();
+        strip_hop_by_hop(&mut parts.headers, false);
+        for (_, value) in parts.headers.iter_mut() {
+            if let Some(redacted) = rewrite::redact_value(&secrets, value.as_bytes()) {
+                if let Ok(v) = HeaderValue::from_bytes(&redacted) {
+                    *value = v;
+                }
+            }
+        }
+        let bodyless = record.method == Method::HEAD
+            || parts.status == StatusCode::NO_CONTENT
+            || parts.status == StatusCode::NOT_MODIFIED;
+        let identity = parts
+            .headers
+            .get(header::CONTENT_ENCODING)
+            .is_none_or(|v| v.as_bytes().eq_ignore_ascii_case(b"identity"));
+        let redactor = if bodyless || !identity {
+            None
+        } else {
+            rewrite::redactor(&secrets)
+        };
+        if redactor.is_some() && !same_lengths(&secrets) {
+            parts.headers.remove(header::CONTENT_LENGTH);
+        }
+        self.finish_response(
+            parts,
+            Some((body, redactor)),
+            record,
+            &secrets,
+            &exchange,
+            prepared,
+            upstream_time,
+            post_start,
+        )
+    }
+
+    fn exfiltration(
+        &self,
+        ex: rewrite::Exfiltration,
+        record: Record,
+        secrets: &Arc<SecretSet>,
+        exchange: &Arc<Exchange>,
+    ) -> Response<ProxyBody> {
+        tracing::warn!(host = %self.target.host, secret = %ex.secret, location = ex.location.as_str(), "stub sent to a host its secret is not bound to; refused");
+        let resp = answer::blocked(
+            BlockReason::StubExfiltration,
+            &self.target.host.to_string(),
+            serde_json::json!({ "secret": ex.secret, "location": ex.location.as_str() }),
+        );
+        let secret = ex.secret.clone();
+        let mut resp = self.finish_local(
+            resp,
+            record,
+            secrets,
+            exchange,
+            None,
+            Some(BlockReason::StubExfiltration.as_str()),
+        );
+        resp.extensions_mut().insert(BlockedSecret(secret));
+        resp
+    }
+
+    /// Answer locally (no upstream response) and record it.
+    fn finish_local(
+        &self,
+        resp: Response<ProxyBody>,
+        record: Record,
+        secrets: &Arc<SecretSet>,
+        exchange: &Arc<Exchange>,
+        error: Option<&'static str>,
+        blocked: Option<&'static str>,
+    ) -> Response<ProxyBody> {
+        let m = &self.proxy.metrics;
+        if let Some(kind) = error {
+            m.errors.get_or_create(&ErrorLabels { kind }).inc();
+        }
+        if let Some(reason) = blocked {
+            let reason = match reason {
+                "stub-exfiltration" => "stub-exfiltration",
+                _ => "misdirected-request",
+            };
+            m.blocked.get_or_create(&BlockLabels { reason }).inc();
+        }
+        let status = resp.status().as_u16();
+        m.requests
+            .get_or_create(&RequestLabels {
+                mode: "intercepted",
+                class: status_class(status),
+            })
+            .inc();
+        let event = self.event(&record, secrets, exchange, status, blocked, error, None);
+        self.proxy.audit.record(event);
+        resp
+    }
+
+    #[allow(clippy::too_many_arguments)]
+    fn finish_response(
+        &self,
+        parts: http::response::Parts,
+        body: Option<(Incoming, Option<rewrite::StreamRewriter>)>,
+        record: Record,
+        secrets: &Arc<SecretSet>,
+        exchange: &Arc<Exchange>,
+        prepared: Duration,
+        upstream_time: Duration,
+        post_start: Instant,
+    ) -> Response<ProxyBody> {
+        let m = &self.proxy.metrics;
+        let status = parts.status.as_u16();
+        m.requests
+            .get_or_create(&RequestLabels {
+                mode: "intercepted",
+                class: status_class(status),
+            })
+            .inc();
+        for (id, loc) in &record.injections.0 {
+            let secret = secrets.secrets()[*id].name.clone();
+            m.injections
+                .get_or_create(&InjectionLabels {
+                    secret,
+                    location: loc.as_str(),
+                })
+                .inc();
+        }
+        m.request_duration
+            .observe((prepared + upstream_time).as_secs_f64());
+        m.added_latency
+            .observe((prepared + post_start.elapsed()).as_secs_f64());
+
+        // The audit event is written when the response body ends (or the client goes away).
+        let proxy = self.proxy.clone();
+        let target = self.target.clone();
+        let secrets_for_end = secrets.clone();
+        let exchange_for_end = exchange.clone();
+        let redact_ids: Vec<usize> = secrets
+            .value_automaton()
+            .map(|(_, ids)| ids.to_vec())
+            .unwrap_or_default();
+        let on_end: crate::body::OnEnd = Box::new(move |redaction_hits: &[u64]| {
+            let tunnel = Tunnel {
+                proxy: proxy.clone(),
+                target,
+                misdirected: false,
+            };
+            for (j, n) in redaction_hits.iter().enumerate().filter(|(_, n)| **n > 0) {
+                let secret = secrets_for_end.secrets()[redact_ids[j]].name.clone();
+                proxy
+                    .metrics
+                    .redactions
+                    .get_or_create(&InjectionLabels {
+                        secret,
+                        location: "body",
+                    })
+                    .inc_by(*n);
+            }
+            let body_hits = exchange_for_end
+                .body_hits
+                .lock()
+                .unwrap_or_else(|p| p.into_inner())
+                .clone();
+            for (id, n) in body_hits.iter().enumerate().filter(|(_, n)| **n > 0) {
+                let secret = secrets_for_end.secrets()[id].name.clone();
+                proxy
+                    .metrics
+                    .injections
+                    .get_or_create(&InjectionLabels {
+                        secret,
+                        location: "body",
+                    })
+                    .inc_by(*n);
+            }
+            let event = tunnel.event(
+                &record,
+                &secrets_for_end,
+                &exchange_for_end,
+                status,
+                None,
+                None,
+                Some(&body_hits),
+            );
+            proxy.audit.record(event);
+        });
+        let body = match body {
+            Some((body, redactor)) => {
+                StreamBody::new(body, redactor, exchange.bytes_down.clone(), Some(on_end))
+                    .boxed_unsync()
+            }
+            None => {
+                on_end(&[]);
+                answer::empty()
+            }
+        };
+        let mut parts = parts;
+        parts.version = Version::HTTP_11;
+        Response::from_parts(parts, body)
+    }
+
+    #[allow(clippy::too_many_arguments)]
+    fn event(
+        &self,
+        record: &Record,
+        secrets: &SecretSet,
+        exchange: &Exchange,
+        status: u16,
+        blocked: Option<&'static str>,
+        error: Option<&'static str>,
+        body_hits: Option<&[u64]>,
+    ) -> AuditEvent {
+        let mut injected: Vec<Injected> = record
+            .injections
+            .0
+            .iter()
+            .map(|(id, loc)| Injected {
+                secret: secrets.secrets()[*id].name.clone(),
+                location: loc.as_str(),
+            })
+            .collect();
+        for (id, _) in body_hits
+            .unwrap_or(&[])
+            .iter()
+            .enumerate()
+            .filter(|(_, n)| **n > 0)
+        {
+            injected.push(Injected {
+                secret: secrets.secrets()[id].name.clone(),
+                location: Location::Body.as_str(),
+            });
+        }
+        AuditEvent {
+            time: humantime_now(),
+            method: record.method.to_string(),
+            host: self.target.host.to_string(),
+            port: self.target.port,
+            path: record.path.clone(),
+            status,
+            injected,
+            blocked,
+            blocked_secret: None,
+            error,
+            bytes_up: exchange.bytes_up.load(Ordering::Relaxed),
+            bytes_down: exchange.bytes_down.load(Ordering::Relaxed),
+            duration_ms: record.start.elapsed().as_secs_f64() * 1000.0,
+        }
+    }
+}
+
+/// Marker on a blocked response naming the secret (for tests and logs).
+#[derive(Debug, Clone)]
+pub struct BlockedSecret(pub String);
+
+/// Whether every redactable value has the same length as its stub (then `Content-Length` holds).
+fn same_lengths(secrets: &SecretSet) -> bool {
+    secrets
+        .value_automaton()
+        .map(|(_, ids)| {
+            ids.iter()
+                .all(|&i| secrets.secrets()[i].value.len() == secrets.secrets()[i].stub.len())
+        })
+        .unwrap_or(true)
+}
+
+fn source_chain(e: &(dyn std::error::Error + 'static)) -> String {
+    let mut parts = Vec::new();
+    let mut cur = e.source();
+    while let Some(s) = cur {
+        parts.push(s.to_string());
+        cur = s.source();
+    }
+    parts.join(": ")
+}
+
+/// RFC 3339 UTC timestamp with milliseconds.
+pub fn humantime_now() -> String {
+    let now = time::OffsetDateTime::now_utc();
+    now.format(&time::format_description::well_known::Rfc3339)
+        .unwrap_or_default()
+}

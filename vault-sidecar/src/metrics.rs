@@ -1,0 +1,151 @@
+//! Prometheus metrics (text exposition at `GET /metrics` on the admin port).
+
+use prometheus_client::encoding::EncodeLabelSet;
+use prometheus_client::metrics::counter::Counter;
+use prometheus_client::metrics::family::Family;
+use prometheus_client::metrics::histogram::{exponential_buckets, Histogram};
+use prometheus_client::registry::Registry;
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct RequestLabels {
+    /// `intercepted`, `forwarded` (absolute-form http://) or `tunnel` (CONNECT passed through).
+    pub mode: &'static str,
+    /// `2xx`, `4xx`, ...
+    pub class: &'static str,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct InjectionLabels {
+    pub secret: String,
+    pub location: &'static str,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct BlockLabels {
+    pub reason: &'static str,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct ErrorLabels {
+    pub kind: &'static str,
+}
+
+/// All metrics of one sidecar.
+pub struct Metrics {
+    pub registry: Registry,
+    pub requests: Family<RequestLabels, Counter>,
+    pub injections: Family<InjectionLabels, Counter>,
+    pub redactions: Family<InjectionLabels, Counter>,
+    pub blocked: Family<BlockLabels, Counter>,
+    pub errors: Family<ErrorLabels, Counter>,
+    pub cert_mints: Counter,
+    pub cert_cache_hits: Counter,
+    pub upstream_connects: Counter,
+    pub reloads: Counter,
+    pub reload_failures: Counter,
+    /// Time spent in the sidecar itself (request preparation + response preparation), seconds.
+    pub added_latency: Histogram,
+    /// Whole request duration until response headers, seconds.
+    pub request_duration: Histogram,
+}
+
+impl Default for Metrics {
+    fn default() -> Self {
+        let mut registry = Registry::with_prefix("vault");
+        let requests = Family::<RequestLabels, Counter>::default();
+        let injections = Family::<InjectionLabels, Counter>::default();
+        let redactions = Family::<InjectionLabels, Counter>::default();
+        let blocked = Family::<BlockLabels, Counter>::default();
+        let errors = Family::<ErrorLabels, Counter>::default();
+        let cert_mints = Counter::default();
+        let cert_cache_hits = Counter::default();
+        let upstream_connects = Counter::default();
+        let reloads = Counter::default();
+        let reload_failures = Counter::default();
+        let added_latency = Histogram::new(exponential_buckets(0.000_01, 2.0, 20));
+        let request_duration = Histogram::new(exponential_buckets(0.000_1, 2.0, 20));
+        registry.register(
+            "requests",
+            "Requests handled, by mode and status class",
+            requests.clone(),
+        );
+        registry.register(
+            "injections",
+            "Stubs swapped for real values, by secret and location",
+            injections.clone(),
+        );
+        registry.register(
+            "redactions",
+            "Real values replaced by stubs in responses",
+            redactions.clone(),
+        );
+        registry.register("blocked", "Requests refused, by reason", blocked.clone());
+        registry.register(
+            "errors",
+            "Requests answered with X-Vault-Error, by kind",
+            errors.clone(),
+        );
+        registry.register("cert_mints", "Leaf certificates minted", cert_mints.clone());
+        registry.register(
+            "cert_cache_hits",
+            "Leaf certificate cache hits",
+            cert_cache_hits.clone(),
+        );
+        registry.register(
+            "upstream_connects",
+            "New upstream connections (the rest reuse the pool)",
+            upstream_connects.clone(),
+        );
+        registry.register("reloads", "Successful secret reloads", reloads.clone());
+        registry.register(
+            "reload_failures",
+            "Rejected secret reloads (old secrets kept)",
+            reload_failures.clone(),
+        );
+        registry.register(
+            "added_latency_seconds",
+            "Time spent inside the sidecar per request",
+            added_latency.clone(),
+        );
+        registry.register(
+            "request_duration_seconds",
+            "Time to response headers through the sidecar",
+            request_duration.clone(),
+        );
+        Self {
+            registry,
+            requests,
+            injections,
+            redactions,
+            blocked,
+            errors,
+            cert_mints,
+            cert_cache_hits,
+            upstream_connects,
+            reloads,
+            reload_failures,
+            added_latency,
+            request_duration,
+        }
+    }
+}
+
+impl Metrics {
+    /// Prometheus text exposition.
+    pub fn encode(&self) -> String {
+        let mut out = String::new();
+        let _ = prometheus_client::encoding::text::encode(&mut out, &self.registry);
+        out
+    }
+}
+
+/// `2xx` etc. for a status code.
+pub fn status_class(status: u16) -> &'static str {
+    match status / 100 {
+        1 => "1xx",
+        2 => "2xx",
+        3 => "3xx",
+        4 => "4xx",
+        _ => "5xx",
+    }
+}
