@@ -264,7 +264,7 @@ impl Connector {
         };
         let h2 = tls.get_ref().1.alpn_protocol() == Some(b"h2");
         Ok(UpstreamIo::Tls {
-            io: TokioIo::new(tls),
+            io: Box::new(TokioIo::new(tls)),
             h2,
         })
     }
@@ -308,7 +308,7 @@ impl tower_service::Service<Uri> for Connector {
 pub enum UpstreamIo {
     Plain(TokioIo<TcpStream>),
     Tls {
-        io: TokioIo<TlsStream<TcpStream>>,
+        io: Box<TokioIo<TlsStream<TcpStream>>>,
         h2: bool,
     },
 }
