@@ -34,9 +34,7 @@ impl BlockReason {
 
 /// A body from bytes.
 pub fn full(bytes: impl Into<Bytes>) -> ProxyBody {
-    Full::new(bytes.into())
-        .map_err(|never| match never {})
-        .boxed_unsync()
+    Full::new(bytes.into()).map_err(|never| match never {}).boxed_unsync()
 }
 
 /// An empty body.
@@ -53,34 +51,21 @@ fn json_response(
     *resp.status_mut() = status;
     let h = resp.headers_mut();
     h.insert(header.0, HeaderValue::from_static(header.1));
-    h.insert(
-        http::header::CONTENT_TYPE,
-        HeaderValue::from_static("application/json"),
-    );
+    h.insert(http::header::CONTENT_TYPE, HeaderValue::from_static("application/json"));
     resp
 }
 
 /// `403` with `X-Vault-Blocked`.
 pub fn blocked(reason: BlockReason, host: &str, detail: serde_json::Value) -> Response<ProxyBody> {
-    let mut body =
-        serde_json::json!({ "error": "blocked", "reason": reason.as_str(), "host": host });
+    let mut body = serde_json::json!({ "error": "blocked", "reason": reason.as_str(), "host": host });
     if let (Some(obj), serde_json::Value::Object(extra)) = (body.as_object_mut(), detail) {
         obj.extend(extra);
     }
-    json_response(
-        StatusCode::FORBIDDEN,
-        (X_VAULT_BLOCKED, reason.as_str()),
-        body,
-    )
+    json_response(StatusCode::FORBIDDEN, (X_VAULT_BLOCKED, reason.as_str()), body)
 }
 
 /// An error answer with `X-Vault-Error: kind`.
-pub fn error(
-    status: StatusCode,
-    kind: &'static str,
-    host: &str,
-    reason: &str,
-) -> Response<ProxyBody> {
+pub fn error(status: StatusCode, kind: &'static str, host: &str, reason: &str) -> Response<ProxyBody> {
     json_response(
         status,
         (X_VAULT_ERROR, kind),

@@ -52,11 +52,7 @@ pub fn path_without_query_values(pq: &str) -> String {
                 .collect();
             format!(
                 "{path}?{}",
-                names
-                    .iter()
-                    .map(|n| format!("{n}="))
-                    .collect::<Vec<_>>()
-                    .join("&")
+                names.iter().map(|n| format!("{n}=")).collect::<Vec<_>>().join("&")
             )
         }
     }
@@ -71,9 +67,24 @@ pub struct AuditLog {
 impl AuditLog {
     /// Log the event as a JSON line and keep it.
     pub fn record(&self, event: AuditEvent) {
-        if let Ok(json) = serde_json::to_string(&event) {
-            tracing::info!(target: "audit", audit = %json, "intercepted request");
-        }
+        let injected = serde_json::to_string(&event.injected).unwrap_or_default();
+        tracing::info!(
+            target: "audit",
+            time = %event.time,
+            method = %event.method,
+            host = %event.host,
+            port = event.port,
+            path = %event.path,
+            status = event.status,
+            injected = %injected,
+            blocked = event.blocked,
+            blocked_secret = event.blocked_secret.as_deref(),
+            error = event.error,
+            bytes_up = event.bytes_up,
+            bytes_down = event.bytes_down,
+            duration_ms = event.duration_ms,
+            "audit"
+        );
         let mut events = self.events.lock().unwrap_or_else(|p| p.into_inner());
         if events.len() == AUDIT_CAPACITY {
             events.pop_front();
@@ -98,10 +109,7 @@ mod tests {
 
     #[test]
     fn query_values_are_dropped() {
-        assert_eq!(
-            path_without_query_values("/a?key=SECRET&x=1&flag"),
-            "/a?key=&x=&flag="
-        );
+        assert_eq!(path_without_query_values("/a?key=SECRET&x=1&flag"), "/a?key=&x=&flag=");
         assert_eq!(path_without_query_values("/a"), "/a");
     }
 

@@ -41,12 +41,7 @@ pin_project! {
 }
 
 impl<B> StreamBody<B> {
-    pub fn new(
-        inner: B,
-        rewriter: Option<StreamRewriter>,
-        counter: Arc<AtomicU64>,
-        on_end: Option<OnEnd>,
-    ) -> Self {
+    pub fn new(inner: B, rewriter: Option<StreamRewriter>, counter: Arc<AtomicU64>, on_end: Option<OnEnd>) -> Self {
         Self {
             inner,
             rewriter,
@@ -66,10 +61,7 @@ where
     type Data = Bytes;
     type Error = BoxError;
 
-    fn poll_frame(
-        self: Pin<&mut Self>,
-        cx: &mut Context<'_>,
-    ) -> Poll<Option<Result<Frame<Bytes>, BoxError>>> {
+    fn poll_frame(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Option<Result<Frame<Bytes>, BoxError>>> {
         let mut this = self.project();
         loop {
             if *this.done {
@@ -150,11 +142,7 @@ mod tests {
             .match_kind(MatchKind::LeftmostLongest)
             .build(["STUB-12345678"])
             .expect("ac");
-        let rw = StreamRewriter::new(
-            ac,
-            vec![Bytes::from("STUB-12345678")],
-            vec![Some(Bytes::from("REAL"))],
-        );
+        let rw = StreamRewriter::new(ac, vec![Bytes::from("STUB-12345678")], vec![Some(Bytes::from("REAL"))]);
         let counter = Arc::new(AtomicU64::new(0));
         let seen = Arc::new(Mutex::new(Vec::new()));
         let seen2 = seen.clone();
@@ -162,9 +150,7 @@ mod tests {
             inner,
             Some(rw),
             counter.clone(),
-            Some(Box::new(move |h| {
-                seen2.lock().expect("lock").extend_from_slice(h)
-            })),
+            Some(Box::new(move |h| seen2.lock().expect("lock").extend_from_slice(h))),
         );
         let out = body.collect().await.expect("collect").to_bytes();
         assert_eq!(&out[..], b"abcREAL tail");

@@ -179,8 +179,8 @@ pub struct Settings {
 
 /// Read and parse a config file; a syntax error is reported against the file.
 pub fn read_config(path: &Path) -> Result<SidecarConfig, ConfigErrors> {
-    let text = std::fs::read_to_string(path)
-        .map_err(|e| one("config", format!("cannot read {}: {e}", path.display())))?;
+    let text =
+        std::fs::read_to_string(path).map_err(|e| one("config", format!("cannot read {}: {e}", path.display())))?;
     parse_config(&text)
 }
 
@@ -197,9 +197,7 @@ pub fn parse_config(text: &str) -> Result<SidecarConfig, ConfigErrors> {
 
 /// Best effort: the key named on the line where a TOML error starts.
 fn key_at(text: &str, offset: usize) -> String {
-    let line_start = text[..offset.min(text.len())]
-        .rfind('\n')
-        .map_or(0, |i| i + 1);
+    let line_start = text[..offset.min(text.len())].rfind('\n').map_or(0, |i| i + 1);
     let line = text[line_start..].lines().next().unwrap_or("");
     match line.split_once('=') {
         Some((k, _)) => k.trim().trim_matches('"').to_owned(),
@@ -216,18 +214,10 @@ fn one(key: &str, reason: String) -> ConfigErrors {
 
 /// Parse `secrets_file` JSON.
 pub fn read_secrets_file(path: &Path) -> Result<Vec<SecretSpec>, ConfigErrors> {
-    let text = std::fs::read_to_string(path).map_err(|e| {
-        one(
-            "secrets_file",
-            format!("cannot read {}: {e}", path.display()),
-        )
-    })?;
-    let file: SecretsFile = serde_json::from_str(&text).map_err(|e| {
-        one(
-            "secrets_file",
-            format!("{}: invalid JSON: {e}", path.display()),
-        )
-    })?;
+    let text = std::fs::read_to_string(path)
+        .map_err(|e| one("secrets_file", format!("cannot read {}: {e}", path.display())))?;
+    let file: SecretsFile = serde_json::from_str(&text)
+        .map_err(|e| one("secrets_file", format!("{}: invalid JSON: {e}", path.display())))?;
     Ok(file.secrets)
 }
 
@@ -254,12 +244,7 @@ impl Settings {
         env: &dyn Fn(&str) -> Option<String>,
     ) -> Result<Self, ConfigErrors> {
         let mut problems = Problems(Vec::new());
-        let listen = addr(
-            &mut problems,
-            "listen",
-            config.listen.as_deref(),
-            DEFAULT_LISTEN,
-        );
+        let listen = addr(&mut problems, "listen", config.listen.as_deref(), DEFAULT_LISTEN);
         let admin_listen = addr(
             &mut problems,
             "admin_listen",
@@ -308,23 +293,15 @@ impl Settings {
             None | Some("bound-hosts") => InterceptMode::BoundHosts,
             Some("all") => InterceptMode::All,
             Some(other) => {
-                problems.add(
-                    "intercept",
-                    format!("`{other}` is not one of \"bound-hosts\", \"all\""),
-                );
+                problems.add("intercept", format!("`{other}` is not one of \"bound-hosts\", \"all\""));
                 InterceptMode::BoundHosts
             }
         };
         if let Some(p) = &config.admin_token_file {
             match std::fs::read_to_string(p) {
-                Ok(t) if t.trim().is_empty() => {
-                    problems.add("admin_token_file", format!("{} is empty", p.display()))
-                }
+                Ok(t) if t.trim().is_empty() => problems.add("admin_token_file", format!("{} is empty", p.display())),
                 Ok(_) => {}
-                Err(e) => problems.add(
-                    "admin_token_file",
-                    format!("cannot read {}: {e}", p.display()),
-                ),
+                Err(e) => problems.add("admin_token_file", format!("cannot read {}: {e}", p.display())),
             }
         }
 
@@ -332,20 +309,14 @@ impl Settings {
         for (k, v) in &config.resolve {
             let key = format!("resolve.\"{k}\"");
             let Some((host, port)) = split_host_port(k) else {
-                problems.add(
-                    key,
-                    "key must be host:port (e.g. \"api.anthropic.com:443\")",
-                );
+                problems.add(key, "key must be host:port (e.g. \"api.anthropic.com:443\")");
                 continue;
             };
             match v.parse::<SocketAddr>() {
                 Ok(a) => {
                     resolve.insert((host.trim_end_matches('.').to_ascii_lowercase(), port), a);
                 }
-                Err(_) => problems.add(
-                    key,
-                    format!("`{v}` is not an address:port (e.g. \"127.0.0.1:8443\")"),
-                ),
+                Err(_) => problems.add(key, format!("`{v}` is not an address:port (e.g. \"127.0.0.1:8443\")")),
             }
         }
 
@@ -432,16 +403,11 @@ impl Settings {
 }
 
 fn addr(problems: &mut Problems, key: &str, raw: Option<&str>, default: &str) -> SocketAddr {
-    let fallback: SocketAddr = default
-        .parse()
-        .unwrap_or(SocketAddr::from(([127, 0, 0, 1], 0)));
+    let fallback: SocketAddr = default.parse().unwrap_or(SocketAddr::from(([127, 0, 0, 1], 0)));
     match raw {
         None => fallback,
         Some(s) => s.parse().unwrap_or_else(|_| {
-            problems.add(
-                key,
-                format!("`{s}` is not an address:port (e.g. \"{default}\")"),
-            );
+            problems.add(key, format!("`{s}` is not an address:port (e.g. \"{default}\")"));
             fallback
         }),
     }
@@ -510,15 +476,9 @@ fn validate_secrets(
                 format!("required, at least {MIN_STUB_LEN} bytes"),
             );
         } else if spec.stub.bytes().any(|b| !(0x21..0x7f).contains(&b)) {
-            problems.add(
-                format!("{key}.stub"),
-                "must be printable ASCII without spaces",
-            );
+            problems.add(format!("{key}.stub"), "must be printable ASCII without spaces");
         } else if let Some(prev) = stubs.insert(spec.stub.as_str(), spec.name.as_str()) {
-            problems.add(
-                format!("{key}.stub"),
-                format!("same stub as secret `{prev}`"),
-            );
+            problems.add(format!("{key}.stub"), format!("same stub as secret `{prev}`"));
         }
         let sources = [
             spec.value.is_some(),
@@ -585,9 +545,7 @@ fn validate_secrets(
         let mut locations = LocationSet::default();
         match &spec.locations {
             None => locations.insert(Location::Header),
-            Some(list) if list.is_empty() => {
-                problems.add(format!("{key}.locations"), "must not be empty")
-            }
+            Some(list) if list.is_empty() => problems.add(format!("{key}.locations"), "must not be empty"),
             Some(list) => {
                 for (i, l) in list.iter().enumerate() {
                     match l.parse::<Location>() {
@@ -618,9 +576,7 @@ mod tests {
 
     fn settings(toml: &str) -> Result<Settings, ConfigErrors> {
         let cfg = parse_config(toml)?;
-        Settings::from_config_with_env(&cfg, &|name| {
-            (name == "REAL_VAR").then(|| "from-env-value".to_owned())
-        })
+        Settings::from_config_with_env(&cfg, &|name| (name == "REAL_VAR").then(|| "from-env-value".to_owned()))
     }
 
     fn keys(errs: ConfigErrors) -> Vec<String> {
@@ -741,11 +697,7 @@ mod tests {
     fn unknown_keys_and_bad_syntax_name_the_key() {
         let errs = settings("listen = \"127.0.0.1:1\"\nlisten_typo = 3\n").expect_err("invalid");
         assert_eq!(errs.0[0].key, "listen_typo");
-        assert!(
-            errs.0[0].reason.contains("unknown field"),
-            "{}",
-            errs.0[0].reason
-        );
+        assert!(errs.0[0].reason.contains("unknown field"), "{}", errs.0[0].reason);
     }
 
     #[test]

@@ -56,11 +56,7 @@ pub enum TargetError {
 }
 
 /// Parse a target from a host (as in a URI: names, IPv4, `[IPv6]`) and optional port.
-pub fn parse_target(
-    host: Option<&str>,
-    port: Option<u16>,
-    default_port: u16,
-) -> Result<Target, TargetError> {
+pub fn parse_target(host: Option<&str>, port: Option<u16>, default_port: u16) -> Result<Target, TargetError> {
     let raw = host.filter(|h| !h.is_empty()).ok_or(TargetError::Missing)?;
     let host = TargetHost::parse(raw);
     if let TargetHost::Name(name) = &host {
@@ -81,10 +77,7 @@ pub fn is_self(target: &Target, own: &[SocketAddr]) -> bool {
         addr.port() == target.port
             && match &target.host {
                 TargetHost::Ip(ip) => {
-                    ip == &addr.ip()
-                        || ip.is_loopback()
-                        || ip.is_unspecified()
-                        || addr.ip().is_unspecified()
+                    ip == &addr.ip() || ip.is_loopback() || ip.is_unspecified() || addr.ip().is_unspecified()
                 }
                 TargetHost::Name(name) => name == "localhost" || name.ends_with(".localhost"),
             }
@@ -117,10 +110,7 @@ mod tests {
             parse_target(Some("bad host"), Some(1), 443),
             Err(TargetError::BadHost(_))
         ));
-        assert_eq!(
-            parse_target(Some("a.com"), Some(0), 443),
-            Err(TargetError::BadPort)
-        );
+        assert_eq!(parse_target(Some("a.com"), Some(0), 443), Err(TargetError::BadPort));
     }
 
     #[test]

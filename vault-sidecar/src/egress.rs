@@ -54,12 +54,7 @@ mod tests {
     use crate::hosts::HostPattern;
 
     fn set(items: &[&str]) -> HostSet {
-        HostSet(
-            items
-                .iter()
-                .map(|s| s.parse::<HostPattern>().expect(s))
-                .collect(),
-        )
+        HostSet(items.iter().map(|s| s.parse::<HostPattern>().expect(s)).collect())
     }
 
     fn t(s: &str) -> TargetHost {
@@ -68,10 +63,7 @@ mod tests {
 
     #[test]
     fn empty_policy_allows_everything() {
-        assert_eq!(
-            EgressPolicy::default().decide(&t("example.com")),
-            EgressDecision::Allow
-        );
+        assert_eq!(EgressPolicy::default().decide(&t("example.com")), EgressDecision::Allow);
     }
 
     #[test]
@@ -88,11 +80,7 @@ mod tests {
 
     #[test]
     fn allow_list_is_exclusive_but_includes_bound_hosts() {
-        let p = EgressPolicy::new(
-            set(&["pypi.org"]),
-            HostSet::default(),
-            set(&["api.anthropic.com"]),
-        );
+        let p = EgressPolicy::new(set(&["pypi.org"]), HostSet::default(), set(&["api.anthropic.com"]));
         assert_eq!(p.decide(&t("pypi.org")), EgressDecision::Allow);
         assert_eq!(p.decide(&t("api.anthropic.com")), EgressDecision::Allow);
         assert_eq!(p.decide(&t("example.com")), EgressDecision::NotAllowed);

@@ -16,8 +16,7 @@ const FIXED: &[HeaderName] = &[
 
 /// Whether a request or response asks for a protocol upgrade (RFC 9110 §7.8).
 pub fn is_upgrade(headers: &HeaderMap) -> bool {
-    headers.contains_key(header::UPGRADE)
-        && connection_tokens(headers).any(|t| t.eq_ignore_ascii_case("upgrade"))
+    headers.contains_key(header::UPGRADE) && connection_tokens(headers).any(|t| t.eq_ignore_ascii_case("upgrade"))
 }
 
 fn connection_tokens(headers: &HeaderMap) -> impl Iterator<Item = &str> {
@@ -99,10 +98,7 @@ mod tests {
     fn te_trailers_survives() {
         let mut h = map(&[("te", "trailers")]);
         strip_hop_by_hop(&mut h, false);
-        assert_eq!(
-            h.get("te").map(HeaderValue::as_bytes),
-            Some(&b"trailers"[..])
-        );
+        assert_eq!(h.get("te").map(HeaderValue::as_bytes), Some(&b"trailers"[..]));
     }
 
     #[test]
@@ -114,14 +110,8 @@ mod tests {
         ]);
         assert!(is_upgrade(&h));
         strip_hop_by_hop(&mut h, true);
-        assert_eq!(
-            h.get("upgrade").map(HeaderValue::as_bytes),
-            Some(&b"websocket"[..])
-        );
-        assert_eq!(
-            h.get("connection").map(HeaderValue::as_bytes),
-            Some(&b"upgrade"[..])
-        );
+        assert_eq!(h.get("upgrade").map(HeaderValue::as_bytes), Some(&b"websocket"[..]));
+        assert_eq!(h.get("connection").map(HeaderValue::as_bytes), Some(&b"upgrade"[..]));
         assert!(h.contains_key("sec-websocket-key"));
     }
 }

@@ -106,9 +106,7 @@ impl HostPattern {
         match (self, host) {
             (Self::Any, _) => true,
             (Self::Exact(name), TargetHost::Name(h)) => name == h,
-            (Self::Suffix(suffix), TargetHost::Name(h)) => {
-                h.len() > suffix.len() && h.ends_with(suffix.as_str())
-            }
+            (Self::Suffix(suffix), TargetHost::Name(h)) => h.len() > suffix.len() && h.ends_with(suffix.as_str()),
             (Self::Ip(ip), TargetHost::Ip(h)) => ip == h,
             (Self::Cidr(net), TargetHost::Ip(h)) => net.contains(h),
             _ => false,
@@ -144,10 +142,7 @@ impl fmt::Display for TargetHost {
 
 /// Parse an IP address, accepting IPv6 in brackets.
 pub fn parse_ip(s: &str) -> Option<IpAddr> {
-    let inner = s
-        .strip_prefix('[')
-        .and_then(|r| r.strip_suffix(']'))
-        .unwrap_or(s);
+    let inner = s.strip_prefix('[').and_then(|r| r.strip_suffix(']')).unwrap_or(s);
     inner.parse().ok()
 }
 

@@ -29,8 +29,8 @@ use crate::metrics::{status_class, BlockLabels, ErrorLabels, InjectionLabels, Re
 use crate::proxy::Proxy;
 use crate::rewrite::{self, HostRules, Injections};
 use crate::secrets::{Location, SecretSet};
-use crate::tls::{sni_matches, CacheOutcome};
-use crate::upstream::{find_upstream_error, ProxyBody};
+use crate::tls::{sni_matches, CacheOutcome, ALPN_H2, ALPN_HTTP11};
+use crate::upstream::{find_upstream_error, BoxError, ProxyBody};
 
 /// Client-side TLS handshake deadline (a CONNECT that never sends a ClientHello is closed).
 pub const CLIENT_HANDSHAKE_TIMEOUT: Duration = Duration::from_secs(10);
@@ -59,21 +59,28 @@ where
     };
     let sni = start.client_hello().server_name().map(str::to_owned);
     let misdirected = !sni_matches(sni.as_deref(), &target.host);
+    let offers_known_alpn = start
+        .client_hello()
+        .alpn()
+        .map(|mut offer| offer.any(|p| p == ALPN_H2 || p == ALPN_HTTP11));
     let config = match proxy.leaves.get(&target.host).await {
-        Ok((config, outcome)) => {
+        Ok((leaf, outcome)) => {
             match outcome {
                 CacheOutcome::Minted => proxy.metrics.cert_mints.inc(),
                 CacheOutcome::Hit => proxy.metrics.cert_cache_hits.inc(),
             };
-            config
+            if offers_known_alpn == Some(false) {
+                leaf.server_config_no_alpn.clone()
+            } else {
+                leaf.server_config.clone()
+            }
         }
         Err(e) => {
             tracing::error!(target = %target, error = %e, "cannot mint a leaf certificate");
             return;
         }
     };
-    let tls = match tokio::time::timeout(CLIENT_HANDSHAKE_TIMEOUT, start.into_stream(config)).await
-    {
+    let tls = match tokio::time::timeout(CLIENT_HANDSHAKE_TIMEOUT, start.into_stream(config)).await {
         Ok(Ok(tls)) => tls,
         Ok(Err(e)) => {
             tracing::debug!(target = %target, error = %e, "client TLS handshake failed");
@@ -133,9 +140,7 @@ fn authority_matches(req: &Request<Incoming>, target: &Target) -> bool {
     match authority {
         // HTTP/1.0 clients may omit Host; the CONNECT target then stands.
         None => req.version() < Version::HTTP_11,
-        Some((host, port)) => {
-            TargetHost::parse(&host) == target.host && port.is_none_or(|p| p == target.port)
-        }
+        Some((host, port)) => TargetHost::parse(&host) == target.host && port.is_none_or(|p| p == target.port),
     }
 }
 
@@ -153,6 +158,8 @@ struct Record {
     method: Method,
     path: String,
     injections: Injections,
+    /// The secret named by a stub-exfiltration block.
+    blocked_secret: Option<String>,
 }
 
 impl Tunnel {
@@ -160,10 +167,9 @@ impl Tunnel {
         let record = Record {
             start: Instant::now(),
             method: req.method().clone(),
-            path: path_without_query_values(
-                req.uri().path_and_query().map_or("/", |pq| pq.as_str()),
-            ),
+            path: path_without_query_values(req.uri().path_and_query().map_or("/", |pq| pq.as_str())),
             injections: Injections::default(),
+            blocked_secret: None,
         };
         let secrets = self.proxy.secrets();
         let exchange = Arc::new(Exchange::default());
@@ -175,14 +181,7 @@ impl Tunnel {
                 &self.target.host.to_string(),
                 "the request names a host other than the CONNECT target",
             );
-            return self.finish_local(
-                resp,
-                record,
-                &secrets,
-                &exchange,
-                None,
-                Some("misdirected-request"),
-            );
+            return self.finish_local(resp, record, &secrets, &exchange, None, Some("misdirected-request"));
         }
         self.forward(req, record, secrets, exchange).await
     }
@@ -201,11 +200,7 @@ impl Tunnel {
         let (mut parts, body) = req.into_parts();
 
         // Request target: swap the query, refuse foreign stubs in the path.
-        let pq = parts
-            .uri
-            .path_and_query()
-            .map_or("/", |pq| pq.as_str())
-            .to_owned();
+        let pq = parts.uri.path_and_query().map_or("/", |pq| pq.as_str()).to_owned();
         let pq = match rules.path_and_query(&pq, &mut record.injections) {
             Ok(swapped) => swapped.unwrap_or(pq),
             Err(ex) => return self.exfiltration(ex, record, &secrets, &exchange),
@@ -270,18 +265,13 @@ impl Tunnel {
                             Ok(c) => c.to_bytes(),
                             Err(e) => {
                                 tracing::debug!(error = %e, "client request body ended early");
-                                return answer::bad_request(
-                                    "the request body ended before Content-Length",
-                                );
+                                return answer::bad_request("the request body ended before Content-Length");
                             }
                         };
                         let mut out = rw.push(whole).to_vec();
                         out.extend_from_slice(&rw.finish());
-                        *exchange.body_hits.lock().unwrap_or_else(|p| p.into_inner()) =
-                            rw.hits().to_vec();
-                        exchange
-                            .bytes_up
-                            .fetch_add(out.len() as u64, Ordering::Relaxed);
+                        *exchange.body_hits.lock().unwrap_or_else(|p| p.into_inner()) = rw.hits().to_vec();
+                        exchange.bytes_up.fetch_add(out.len() as u64, Ordering::Relaxed);
                         parts
                             .headers
                             .insert(header::CONTENT_LENGTH, HeaderValue::from(out.len()));
@@ -293,8 +283,7 @@ impl Tunnel {
                         let on_end = Box::new(move |hits: &[u64]| {
                             *ex.body_hits.lock().unwrap_or_else(|p| p.into_inner()) = hits.to_vec();
                         });
-                        StreamBody::new(body, Some(rw), exchange.bytes_up.clone(), Some(on_end))
-                            .boxed_unsync()
+                        StreamBody::new(body, Some(rw), exchange.bytes_up.clone(), Some(on_end)).boxed_unsync()
                     }
                 }
             }
@@ -336,11 +325,7 @@ impl Tunnel {
                 let upstream_upgrade = hyper::upgrade::on(&mut resp);
                 tokio::spawn(async move {
                     if let (Ok(c), Ok(u)) = (client_upgrade.await, upstream_upgrade.await) {
-                        let _ = tokio::io::copy_bidirectional(
-                            &mut TokioIo::new(c),
-                            &mut TokioIo::new(u),
-                        )
-                        .await;
+                        let _ = tokio::io::copy_bidirectional(&mut TokioIo::new(c), &mut TokioIo::new(u)).await;
                     }
                 });
             }
@@ -378,8 +363,29 @@ impl Tunnel {
         } else {
             rewrite::redactor(&secrets)
         };
-        if redactor.is_some() && !same_lengths(&secrets) {
-            parts.headers.remove(header::CONTENT_LENGTH);
+        let mut body: ProxyBody = body.map_err(BoxError::from).boxed_unsync();
+        let mut redactor = redactor;
+        if let Some(rw) = redactor.as_mut().filter(|_| !same_lengths(&secrets)) {
+            // Redaction may change the length: small bodies are redacted whole to keep an exact
+            // Content-Length; larger ones stream with chunked (or close-delimited) framing.
+            match content_length(&parts.headers) {
+                Some(len) if len <= EXACT_LENGTH_LIMIT => {
+                    let whole = match body.collect().await {
+                        Ok(c) => c.to_bytes(),
+                        Err(e) => {
+                            let resp = answer::error(StatusCode::BAD_GATEWAY, "upstream-protocol", &host, &e.to_string());
+                            return self.finish_local(resp, record, &secrets, &exchange, Some("upstream-protocol"), None);
+                        }
+                    };
+                    let mut out = rw.push(whole).to_vec();
+                    out.extend_from_slice(&rw.finish());
+                    parts.headers.insert(header::CONTENT_LENGTH, HeaderValue::from(out.len()));
+                    body = answer::full(Bytes::from(out));
+                }
+                _ => {
+                    parts.headers.remove(header::CONTENT_LENGTH);
+                }
+            }
         }
         self.finish_response(
             parts,
@@ -396,7 +402,7 @@ impl Tunnel {
     fn exfiltration(
         &self,
         ex: rewrite::Exfiltration,
-        record: Record,
+        mut record: Record,
         secrets: &Arc<SecretSet>,
         exchange: &Arc<Exchange>,
     ) -> Response<ProxyBody> {
@@ -406,17 +412,15 @@ impl Tunnel {
             &self.target.host.to_string(),
             serde_json::json!({ "secret": ex.secret, "location": ex.location.as_str() }),
         );
-        let secret = ex.secret.clone();
-        let mut resp = self.finish_local(
+        record.blocked_secret = Some(ex.secret.clone());
+        self.finish_local(
             resp,
             record,
             secrets,
             exchange,
             None,
             Some(BlockReason::StubExfiltration.as_str()),
-        );
-        resp.extensions_mut().insert(BlockedSecret(secret));
-        resp
+        )
     }
 
     /// Answer locally (no upstream response) and record it.
@@ -456,7 +460,7 @@ impl Tunnel {
     fn finish_response(
         &self,
         parts: http::response::Parts,
-        body: Option<(Incoming, Option<rewrite::StreamRewriter>)>,
+        body: Option<(ProxyBody, Option<rewrite::StreamRewriter>)>,
         record: Record,
         secrets: &Arc<SecretSet>,
         exchange: &Arc<Exchange>,
@@ -481,10 +485,8 @@ impl Tunnel {
                 })
                 .inc();
         }
-        m.request_duration
-            .observe((prepared + upstream_time).as_secs_f64());
-        m.added_latency
-            .observe((prepared + post_start.elapsed()).as_secs_f64());
+        m.request_duration.observe((prepared + upstream_time).as_secs_f64());
+        m.added_latency.observe((prepared + post_start.elapsed()).as_secs_f64());
 
         // The audit event is written when the response body ends (or the client goes away).
         let proxy = self.proxy.clone();
@@ -541,8 +543,7 @@ impl Tunnel {
         });
         let body = match body {
             Some((body, redactor)) => {
-                StreamBody::new(body, redactor, exchange.bytes_down.clone(), Some(on_end))
-                    .boxed_unsync()
+                StreamBody::new(body, redactor, exchange.bytes_down.clone(), Some(on_end)).boxed_unsync()
             }
             None => {
                 on_end(&[]);
@@ -574,12 +575,7 @@ impl Tunnel {
                 location: loc.as_str(),
             })
             .collect();
-        for (id, _) in body_hits
-            .unwrap_or(&[])
-            .iter()
-            .enumerate()
-            .filter(|(_, n)| **n > 0)
-        {
+        for (id, _) in body_hits.unwrap_or(&[]).iter().enumerate().filter(|(_, n)| **n > 0) {
             injected.push(Injected {
                 secret: secrets.secrets()[id].name.clone(),
                 location: Location::Body.as_str(),
@@ -594,7 +590,7 @@ impl Tunnel {
             status,
             injected,
             blocked,
-            blocked_secret: None,
+            blocked_secret: record.blocked_secret.clone(),
             error,
             bytes_up: exchange.bytes_up.load(Ordering::Relaxed),
             bytes_down: exchange.bytes_down.load(Ordering::Relaxed),
@@ -603,9 +599,9 @@ impl Tunnel {
     }
 }
 
-/// Marker on a blocked response naming the secret (for tests and logs).
-#[derive(Debug, Clone)]
-pub struct BlockedSecret(pub String);
+fn content_length(headers: &http::HeaderMap) -> Option<u64> {
+    headers.get(header::CONTENT_LENGTH).and_then(|v| v.to_str().ok()).and_then(|v| v.parse().ok())
+}
 
 /// Whether every redactable value has the same length as its stub (then `Content-Length` holds).
 fn same_lengths(secrets: &SecretSet) -> bool {

@@ -60,11 +60,7 @@ pub async fn serve(proxy: Arc<Proxy>, listener: TcpListener) {
     }
 }
 
-async fn handle(
-    proxy: Arc<Proxy>,
-    peer: SocketAddr,
-    req: Request<Incoming>,
-) -> Response<ProxyBody> {
+async fn handle(proxy: Arc<Proxy>, peer: SocketAddr, req: Request<Incoming>) -> Response<ProxyBody> {
     if req.method() == Method::CONNECT {
         return connect(proxy, peer, req).await;
     }
@@ -109,11 +105,7 @@ fn refuse(proxy: &Proxy, target: &Target, mode: &'static str) -> Option<Response
     Some(answer::blocked(reason, &host, detail))
 }
 
-async fn connect(
-    proxy: Arc<Proxy>,
-    peer: SocketAddr,
-    req: Request<Incoming>,
-) -> Response<ProxyBody> {
+async fn connect(proxy: Arc<Proxy>, peer: SocketAddr, req: Request<Incoming>) -> Response<ProxyBody> {
     let target = match parse_target(req.uri().host(), req.uri().port_u16(), 443) {
         Ok(t) => t,
         Err(e) => return answer::bad_request(&e.to_string()),
@@ -132,12 +124,7 @@ async fn connect(
         return Response::new(answer::empty());
     }
     // Not intercepted: connect first, so a failure is still an HTTP answer.
-    let mut upstream = match proxy
-        .upstreams
-        .resolver
-        .connect(&target.host, target.port)
-        .await
-    {
+    let mut upstream = match proxy.upstreams.resolver.connect(&target.host, target.port).await {
         Ok(s) => s,
         Err(e) => {
             proxy
@@ -154,18 +141,10 @@ async fn connect(
                 })
                 .inc();
             tracing::warn!(target = %target, error = %e, "tunnel upstream unreachable");
-            return answer::error(
-                e.status(),
-                e.kind(),
-                &target.host.to_string(),
-                &e.to_string(),
-            );
+            return answer::error(e.status(), e.kind(), &target.host.to_string(), &e.to_string());
         }
     };
-    if upstream
-        .peer_addr()
-        .is_ok_and(|a| proxy.own_addrs().contains(&a))
-    {
+    if upstream.peer_addr().is_ok_and(|a| proxy.own_addrs().contains(&a)) {
         return refuse_loop(&proxy, &target);
     }
     proxy.metrics.upstream_connects.inc();
@@ -180,8 +159,7 @@ async fn connect(
     tokio::spawn(async move {
         match hyper::upgrade::on(req).await {
             Ok(upgraded) => {
-                let _ =
-                    tokio::io::copy_bidirectional(&mut TokioIo::new(upgraded), &mut upstream).await;
+                let _ = tokio::io::copy_bidirectional(&mut TokioIo::new(upgraded), &mut upstream).await;
             }
             Err(e) => tracing::debug!(peer = %peer, error = %e, "CONNECT upgrade failed"),
         }
@@ -225,31 +203,20 @@ async fn forward_plain(proxy: Arc<Proxy>, req: Request<Incoming>) -> Response<Pr
     let up = Arc::new(std::sync::atomic::AtomicU64::new(0));
     let down = Arc::new(std::sync::atomic::AtomicU64::new(0));
     let body = StreamBody::new(body, None, up.clone(), None).boxed_unsync();
-    let result = proxy
-        .upstreams
-        .h1_only
-        .request(Request::from_parts(parts, body))
-        .await;
+    let result = proxy.upstreams.h1_only.request(Request::from_parts(parts, body)).await;
     let host = target.host.to_string();
     let resp = match result {
         Ok(resp) => {
             let (mut parts, body) = resp.into_parts();
             strip_hop_by_hop(&mut parts.headers, false);
-            Response::from_parts(
-                parts,
-                StreamBody::new(body, None, down.clone(), None).boxed_unsync(),
-            )
+            Response::from_parts(parts, StreamBody::new(body, None, down.clone(), None).boxed_unsync())
         }
         Err(e) => {
             let (status, kind, reason) = match find_upstream_error(&e) {
                 Some(u) => (u.status(), u.kind(), u.to_string()),
                 None => (StatusCode::BAD_GATEWAY, "upstream-protocol", e.to_string()),
             };
-            proxy
-                .metrics
-                .errors
-                .get_or_create(&ErrorLabels { kind })
-                .inc();
+            proxy.metrics.errors.get_or_create(&ErrorLabels { kind }).inc();
             answer::error(status, kind, &host, &reason)
         }
     };

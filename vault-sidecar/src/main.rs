@@ -42,11 +42,7 @@ fn main() -> ExitCode {
         }
     };
     if matches!(cli.command, Some(Command::Check)) {
-        println!(
-            "{}: ok ({} secrets)",
-            path.display(),
-            settings.secrets.len()
-        );
+        println!("{}: ok ({} secrets)", path.display(), settings.secrets.len());
         return ExitCode::SUCCESS;
     }
     init_logging();

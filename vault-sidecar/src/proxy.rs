@@ -85,24 +85,15 @@ impl Proxy {
 
     /// The current secrets snapshot; a request keeps the one it started with.
     pub fn secrets(&self) -> Arc<SecretSet> {
-        self.secrets
-            .read()
-            .unwrap_or_else(|p| p.into_inner())
-            .clone()
+        self.secrets.read().unwrap_or_else(|p| p.into_inner()).clone()
     }
 
     pub fn egress(&self) -> Arc<EgressPolicy> {
-        self.egress
-            .read()
-            .unwrap_or_else(|p| p.into_inner())
-            .clone()
+        self.egress.read().unwrap_or_else(|p| p.into_inner()).clone()
     }
 
     pub fn own_addrs(&self) -> Vec<SocketAddr> {
-        self.own_addrs
-            .read()
-            .unwrap_or_else(|p| p.into_inner())
-            .clone()
+        self.own_addrs.read().unwrap_or_else(|p| p.into_inner()).clone()
     }
 
     pub fn is_ready(&self) -> bool {

@@ -63,11 +63,7 @@ impl<'a> HostRules<'a> {
     ///
     /// `Authorization: Basic <base64>` is decoded, swapped and re-encoded (RFC 7617), so credentials
     /// in a URL (`https://user:STUB@host/`) work.
-    pub fn header_value(
-        &self,
-        value: &[u8],
-        injections: &mut Injections,
-    ) -> Result<Option<Vec<u8>>, Exfiltration> {
+    pub fn header_value(&self, value: &[u8], injections: &mut Injections) -> Result<Option<Vec<u8>>, Exfiltration> {
         let Some(ac) = self.set.stub_automaton() else {
             return Ok(None);
         };
@@ -88,11 +84,7 @@ impl<'a> HostRules<'a> {
 
     /// Swap stubs in a request target's query (`/path?query`); stubs in the path are checked by
     /// the tripwire but never swapped. `Ok(None)` when nothing changed.
-    pub fn path_and_query(
-        &self,
-        pq: &str,
-        injections: &mut Injections,
-    ) -> Result<Option<String>, Exfiltration> {
+    pub fn path_and_query(&self, pq: &str, injections: &mut Injections) -> Result<Option<String>, Exfiltration> {
         let Some(ac) = self.set.stub_automaton() else {
             return Ok(None);
         };
@@ -109,12 +101,10 @@ impl<'a> HostRules<'a> {
         let Some(query) = query else {
             return Ok(None);
         };
-        Ok(self
-            .swap(ac, query.as_bytes(), Location::Query, injections)?
-            .map(|q| {
-                // Stubs and values are printable ASCII (checked at load), so this stays valid UTF-8.
-                format!("{path}?{}", String::from_utf8_lossy(&q))
-            }))
+        Ok(self.swap(ac, query.as_bytes(), Location::Query, injections)?.map(|q| {
+            // Stubs and values are printable ASCII (checked at load), so this stays valid UTF-8.
+            format!("{path}?{}", String::from_utf8_lossy(&q))
+        }))
     }
 
     /// A rewriter for the request body, when some secret bound to this host allows `body`.
@@ -133,12 +123,7 @@ impl<'a> HostRules<'a> {
                 })
             })
             .collect();
-        let patterns = self
-            .set
-            .secrets()
-            .iter()
-            .map(|s| Bytes::from(s.stub.clone()))
-            .collect();
+        let patterns = self.set.secrets().iter().map(|s| Bytes::from(s.stub.clone())).collect();
         any.then(|| StreamRewriter::new(ac.clone(), patterns, replacements))
     }
 
@@ -213,10 +198,7 @@ pub fn redact_value(set: &SecretSet, value: &[u8]) -> Option<Vec<u8>> {
 pub fn redactor(set: &SecretSet) -> Option<StreamRewriter> {
     let (ac, ids) = set.value_automaton()?;
     let secrets = set.secrets();
-    let patterns = ids
-        .iter()
-        .map(|&i| Bytes::from(secrets[i].value.clone()))
-        .collect();
+    let patterns = ids.iter().map(|&i| Bytes::from(secrets[i].value.clone())).collect();
     let replacements = ids
         .iter()
         .map(|&i| Some(Bytes::from(secrets[i].stub.clone())))
@@ -324,9 +306,7 @@ impl StreamRewriter {
             .rev()
             .find(|&k| {
                 let suffix = &buf[buf.len() - k..];
-                self.patterns
-                    .iter()
-                    .any(|p| p.len() > k && p.starts_with(suffix))
+                self.patterns.iter().any(|p| p.len() > k && p.starts_with(suffix))
             })
             .unwrap_or(0)
     }
@@ -479,10 +459,7 @@ mod tests {
         let out = gh
             .path_and_query("/repos?access_token=ghp_STUBbbbbbbbb&x=1", &mut inj)
             .expect("ok");
-        assert_eq!(
-            out.as_deref(),
-            Some("/repos?access_token=ghp_REAL22222222&x=1")
-        );
+        assert_eq!(out.as_deref(), Some("/repos?access_token=ghp_REAL22222222&x=1"));
         assert_eq!(inj.0, vec![(1, Location::Query)]);
 
         let an = HostRules::new(&set, &host("api.anthropic.com"));
@@ -513,17 +490,12 @@ mod tests {
         let mut out = rw.push(Bytes::from_static(b"{\"t\":\"ghp_STUB"));
         out = [
             out,
-            rw.push(Bytes::from_static(
-                b"bbbbbbbb\", \"a\": \"sk-ant-STUB-aaaa\"}",
-            )),
+            rw.push(Bytes::from_static(b"bbbbbbbb\", \"a\": \"sk-ant-STUB-aaaa\"}")),
         ]
         .concat()
         .into();
         out = [out, rw.finish()].concat().into();
-        assert_eq!(
-            &out[..],
-            b"{\"t\":\"ghp_REAL22222222\", \"a\": \"sk-ant-STUB-aaaa\"}"
-        );
+        assert_eq!(&out[..], b"{\"t\":\"ghp_REAL22222222\", \"a\": \"sk-ant-STUB-aaaa\"}");
     }
 
     #[test]
@@ -535,17 +507,9 @@ mod tests {
         );
         let mut r = redactor(&set).expect("redactor");
         let a = r.push(Bytes::from_static(b"data: ghp_REAL2222"));
-        assert_eq!(
-            &a[..],
-            b"data: ",
-            "only the live partial match is held back"
-        );
+        assert_eq!(&a[..], b"data: ", "only the live partial match is held back");
         let b = r.push(Bytes::from_static(b"2222\n\n"));
-        assert_eq!(
-            &b[..],
-            b"ghp_STUBbbbbbbbb\n\n",
-            "a complete event is released at once"
-        );
+        assert_eq!(&b[..], b"ghp_STUBbbbbbbbb\n\n", "a complete event is released at once");
         assert!(r.finish().is_empty());
     }
 

@@ -44,9 +44,7 @@ impl FromStr for Location {
             "header" => Ok(Self::Header),
             "query" => Ok(Self::Query),
             "body" => Ok(Self::Body),
-            other => Err(format!(
-                "`{other}` is not one of \"header\", \"query\", \"body\""
-            )),
+            other => Err(format!("`{other}` is not one of \"header\", \"query\", \"body\"")),
         }
     }
 }
@@ -138,12 +136,7 @@ impl SecretSet {
             .map(|(i, _)| i)
             .collect();
         let values = automaton(redact_ids.iter().map(|&i| secrets[i].value.as_bytes()));
-        let bound = HostSet(
-            secrets
-                .iter()
-                .flat_map(|s| s.hosts.0.iter().cloned())
-                .collect(),
-        );
+        let bound = HostSet(secrets.iter().flat_map(|s| s.hosts.0.iter().cloned()).collect());
         Self {
             secrets,
             stubs,
@@ -176,9 +169,7 @@ impl SecretSet {
 
     /// Automaton over the redactable real values, and the secret index of each pattern.
     pub fn value_automaton(&self) -> Option<(&AhoCorasick, &[usize])> {
-        self.values
-            .as_ref()
-            .map(|ac| (ac, self.redact_ids.as_slice()))
+        self.values.as_ref().map(|ac| (ac, self.redact_ids.as_slice()))
     }
 
     /// Every host pattern some secret is bound to.

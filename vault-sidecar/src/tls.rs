@@ -17,8 +17,8 @@ use std::sync::Arc;
 
 use dashmap::DashMap;
 use rcgen::{
-    BasicConstraints, CertificateParams, DistinguishedName, DnType, ExtendedKeyUsagePurpose, IsCa,
-    KeyPair, KeyUsagePurpose, SanType, SerialNumber,
+    BasicConstraints, CertificateParams, DistinguishedName, DnType, ExtendedKeyUsagePurpose, IsCa, KeyPair,
+    KeyUsagePurpose, SanType, SerialNumber,
 };
 use rustls::pki_types::{CertificateDer, PrivateKeyDer, PrivatePkcs8KeyDer};
 use rustls::ServerConfig;
@@ -103,12 +103,7 @@ impl Ca {
         let issuer = params.self_signed(&key)?;
         let der = issuer.der().clone();
         let pem = issuer.pem();
-        Ok(Self {
-            issuer,
-            key,
-            der,
-            pem,
-        })
+        Ok(Self { issuer, key, der, pem })
     }
 
     /// Load a CA from PEM files (cluster-CA mode).
@@ -130,12 +125,7 @@ impl Ca {
                 path: cert_path.display().to_string(),
                 source: std::io::Error::new(std::io::ErrorKind::InvalidData, "no PEM certificate"),
             })?;
-        Ok(Self {
-            issuer,
-            key,
-            der,
-            pem,
-        })
+        Ok(Self { issuer, key, der, pem })
     }
 
     /// The CA certificate, PEM.
@@ -177,11 +167,9 @@ impl Ca {
         params.distinguished_name = dn;
         params.subject_alt_names = vec![match host {
             TargetHost::Ip(ip) => SanType::IpAddress(*ip),
-            TargetHost::Name(name) => SanType::DnsName(
-                name.clone()
-                    .try_into()
-                    .map_err(|_| TlsError::BadName(name.clone()))?,
-            ),
+            TargetHost::Name(name) => {
+                SanType::DnsName(name.clone().try_into().map_err(|_| TlsError::BadName(name.clone()))?)
+            }
         }];
         params.is_ca = IsCa::ExplicitNoCa;
         params.key_usages = vec![KeyUsagePurpose::DigitalSignature];
@@ -210,7 +198,11 @@ pub struct MintedLeaf {
 /// A cached leaf, ready for handshakes.
 #[derive(Debug)]
 pub struct Leaf {
+    /// Offers `h2` and `http/1.1`.
     pub server_config: Arc<ServerConfig>,
+    /// Offers no ALPN: for clients whose offer has neither (curl `-0` offers `http/1.0`), so the
+    /// handshake still succeeds and HTTP/1.x is spoken (RFC 7301 §3.2 lets the server ignore ALPN).
+    pub server_config_no_alpn: Arc<ServerConfig>,
     pub not_after: OffsetDateTime,
 }
 
@@ -244,10 +236,7 @@ impl LeafCache {
     }
 
     /// The server config for `host`, minting its leaf on first use.
-    pub async fn get(
-        &self,
-        host: &TargetHost,
-    ) -> Result<(Arc<ServerConfig>, CacheOutcome), TlsError> {
+    pub async fn get(&self, host: &TargetHost) -> Result<(Arc<Leaf>, CacheOutcome), TlsError> {
         loop {
             let slot = self.slot(host);
             let mut minted = false;
@@ -263,7 +252,7 @@ impl LeafCache {
                 } else {
                     CacheOutcome::Hit
                 };
-                return Ok((leaf.server_config.clone(), outcome));
+                return Ok((leaf.clone(), outcome));
             }
             // Close to expiry: drop this slot (unless someone already replaced it) and mint again.
             self.slots.remove_if(host, |_, s| Arc::ptr_eq(s, &slot));
@@ -286,9 +275,11 @@ impl LeafCache {
             .with_safe_default_protocol_versions()?
             .with_no_client_auth()
             .with_single_cert(minted.chain, minted.key)?;
+        let server_config_no_alpn = Arc::new(config.clone());
         config.alpn_protocols = vec![ALPN_H2.to_vec(), ALPN_HTTP11.to_vec()];
         Ok(Leaf {
             server_config: Arc::new(config),
+            server_config_no_alpn,
             not_after: minted.not_after,
         })
     }
@@ -329,7 +320,7 @@ mod tests {
             })
             .collect();
         let mut minted = 0;
-        let mut first: Option<Arc<ServerConfig>> = None;
+        let mut first: Option<Arc<Leaf>> = None;
         for t in tasks {
             let (cfg, outcome) = t.await.expect("join");
             minted += usize::from(outcome == CacheOutcome::Minted);

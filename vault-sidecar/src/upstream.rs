@@ -97,18 +97,14 @@ impl UpstreamError {
     /// `504` for timeouts, `502` otherwise.
     pub fn status(&self) -> http::StatusCode {
         match self {
-            Self::ConnectTimeout { .. } | Self::HandshakeTimeout { .. } => {
-                http::StatusCode::GATEWAY_TIMEOUT
-            }
+            Self::ConnectTimeout { .. } | Self::HandshakeTimeout { .. } => http::StatusCode::GATEWAY_TIMEOUT,
             _ => http::StatusCode::BAD_GATEWAY,
         }
     }
 }
 
 /// Find an [`UpstreamError`] in an error's source chain (the legacy client boxes connector errors).
-pub fn find_upstream_error<'a>(
-    err: &'a (dyn std::error::Error + 'static),
-) -> Option<&'a UpstreamError> {
+pub fn find_upstream_error<'a>(err: &'a (dyn std::error::Error + 'static)) -> Option<&'a UpstreamError> {
     let mut cur: Option<&(dyn std::error::Error + 'static)> = Some(err);
     while let Some(e) = cur {
         if let Some(u) = e.downcast_ref::<UpstreamError>() {
@@ -127,16 +123,10 @@ pub struct Resolver {
 
 impl Resolver {
     pub fn new(table: HashMap<(String, u16), SocketAddr>) -> Self {
-        Self {
-            table: Arc::new(table),
-        }
+        Self { table: Arc::new(table) }
     }
 
-    pub async fn resolve(
-        &self,
-        host: &TargetHost,
-        port: u16,
-    ) -> Result<Vec<SocketAddr>, UpstreamError> {
+    pub async fn resolve(&self, host: &TargetHost, port: u16) -> Result<Vec<SocketAddr>, UpstreamError> {
         let key = (host.to_string(), port);
         if let Some(addr) = self.table.get(&key) {
             return Ok(vec![*addr]);
@@ -173,9 +163,7 @@ impl Resolver {
                 Err(_) => last = Some(UpstreamError::ConnectTimeout { addr }),
             }
         }
-        Err(last.unwrap_or(UpstreamError::NoAddress {
-            host: host.to_string(),
-        }))
+        Err(last.unwrap_or(UpstreamError::NoAddress { host: host.to_string() }))
     }
 }
 
@@ -197,12 +185,9 @@ pub fn root_store(extra_files: &[PathBuf]) -> Result<rustls::RootCertStore, io::
             ));
         }
         for cert in certs {
-            roots.add(cert).map_err(|e| {
-                io::Error::new(
-                    io::ErrorKind::InvalidData,
-                    format!("{}: {e}", path.display()),
-                )
-            })?;
+            roots
+                .add(cert)
+                .map_err(|e| io::Error::new(io::ErrorKind::InvalidData, format!("{}: {e}", path.display())))?;
         }
     }
     Ok(roots)
@@ -217,18 +202,12 @@ pub struct Connector {
 }
 
 impl Connector {
-    pub fn new(
-        resolver: Resolver,
-        roots: Arc<rustls::RootCertStore>,
-        alpn: &[&[u8]],
-        connects: Counter,
-    ) -> Self {
-        let mut config =
-            ClientConfig::builder_with_provider(Arc::new(rustls::crypto::ring::default_provider()))
-                .with_safe_default_protocol_versions()
-                .expect("ring supports the default protocol versions")
-                .with_root_certificates(roots)
-                .with_no_client_auth();
+    pub fn new(resolver: Resolver, roots: Arc<rustls::RootCertStore>, alpn: &[&[u8]], connects: Counter) -> Self {
+        let mut config = ClientConfig::builder_with_provider(Arc::new(rustls::crypto::ring::default_provider()))
+            .with_safe_default_protocol_versions()
+            .expect("ring supports the default protocol versions")
+            .with_root_certificates(roots)
+            .with_no_client_auth();
         config.alpn_protocols = alpn.iter().map(|p| p.to_vec()).collect();
         Self {
             resolver,
@@ -249,16 +228,10 @@ impl Connector {
         }
         let name = match &host {
             TargetHost::Ip(ip) => ServerName::IpAddress((*ip).into()),
-            TargetHost::Name(n) => {
-                ServerName::try_from(n.clone()).map_err(|_| UpstreamError::BadName(n.clone()))?
-            }
+            TargetHost::Name(n) => ServerName::try_from(n.clone()).map_err(|_| UpstreamError::BadName(n.clone()))?,
         };
         let tls = match tokio::time::timeout(HANDSHAKE_TIMEOUT, self.tls.connect(name, tcp)).await {
-            Err(_) => {
-                return Err(UpstreamError::HandshakeTimeout {
-                    host: host.to_string(),
-                })
-            }
+            Err(_) => return Err(UpstreamError::HandshakeTimeout { host: host.to_string() }),
             Ok(Err(source)) => return Err(classify_handshake(&host, source)),
             Ok(Ok(tls)) => tls,
         };
@@ -271,9 +244,7 @@ impl Connector {
 }
 
 fn classify_handshake(host: &TargetHost, source: io::Error) -> UpstreamError {
-    let rustls_err = source
-        .get_ref()
-        .and_then(|e| e.downcast_ref::<rustls::Error>());
+    let rustls_err = source.get_ref().and_then(|e| e.downcast_ref::<rustls::Error>());
     match rustls_err {
         Some(
             e @ (rustls::Error::InvalidCertificate(_)
@@ -336,11 +307,7 @@ impl hyper::rt::Read for UpstreamIo {
 }
 
 impl hyper::rt::Write for UpstreamIo {
-    fn poll_write(
-        self: Pin<&mut Self>,
-        cx: &mut Context<'_>,
-        buf: &[u8],
-    ) -> Poll<io::Result<usize>> {
+    fn poll_write(self: Pin<&mut Self>, cx: &mut Context<'_>, buf: &[u8]) -> Poll<io::Result<usize>> {
         match self.get_mut() {
             Self::Plain(io) => Pin::new(io).poll_write(cx, buf),
             Self::Tls { io, .. } => Pin::new(io.as_mut()).poll_write(cx, buf),
@@ -402,12 +369,7 @@ impl Upstreams {
                 .pool_idle_timeout(POOL_IDLE_TIMEOUT)
                 .pool_max_idle_per_host(64)
                 .http2_adaptive_window(true)
-                .build(Connector::new(
-                    resolver.clone(),
-                    roots.clone(),
-                    alpn,
-                    connects.clone(),
-                ))
+                .build(Connector::new(resolver.clone(), roots.clone(), alpn, connects.clone()))
         };
         Self {
             h2_or_h1: build(&[b"h2", b"http/1.1"]),
