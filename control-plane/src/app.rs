@@ -1,0 +1,729 @@
+//! The control plane's service layer: agents, the secrets registry and session lifecycle,
+//! over the [`Store`] and a [`SandboxBackend`]. The HTTP layer ([`crate::api`]) only parses and
+//! renders; the reconciler ([`crate::reconciler`]) calls [`App::reconcile_once`].
+
+use std::collections::{BTreeMap, HashSet};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use lap_vault_sidecar::config::SecretSpec;
+use rand::RngCore;
+use tokio::sync::broadcast;
+
+use crate::backend::{SandboxBackend, SandboxHandle, SandboxSpec};
+use crate::crypto::Cipher;
+use crate::env_vars;
+use crate::error::ApiError;
+use crate::lifecycle::{self, Action};
+use crate::metrics::Metrics;
+use crate::model::{
+    now_ms, Agent, AgentSpec, CreateAgent, CreateSession, PatchAgent, RegistrySecret, SecretInput, Session,
+    SessionView, Status, HARNESS_IDS, REDACTED,
+};
+use crate::store::{AgentRow, SecretRow, Store};
+
+/// Settings the service needs.
+#[derive(Debug, Clone)]
+pub struct AppConfig {
+    pub master_key: String,
+    pub idle_timeout: Duration,
+    pub create_timeout: Duration,
+}
+
+/// Shared state of the server.
+pub struct App {
+    pub store: Store,
+    pub cipher: Cipher,
+    pub backend: Arc<dyn SandboxBackend>,
+    pub config: AppConfig,
+    pub metrics: Metrics,
+    /// Sessions whose bring-up runs in this process.
+    in_flight: Mutex<HashSet<String>>,
+    events: broadcast::Sender<SessionView>,
+    http: reqwest::Client,
+}
+
+impl std::fmt::Debug for App {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("App").finish_non_exhaustive()
+    }
+}
+
+fn random_hex(bytes: usize) -> String {
+    let mut b = vec![0u8; bytes];
+    rand::thread_rng().fill_bytes(&mut b);
+    b.iter().map(|x| format!("{x:02x}")).collect()
+}
+
+/// A new resource id with a readable prefix (`agt_…`, `ses_…`).
+pub fn new_id(prefix: &str) -> String {
+    format!("{prefix}_{}", random_hex(12))
+}
+
+fn bad(msg: impl Into<String>) -> ApiError {
+    ApiError::BadRequest(msg.into())
+}
+
+fn validate_agent_spec(spec: &AgentSpec, env_vars: &BTreeMap<String, String>) -> Result<(), ApiError> {
+    if spec.name.trim().is_empty() {
+        return Err(bad("name: must not be empty"));
+    }
+    if !HARNESS_IDS.contains(&spec.harness_id.as_str()) {
+        return Err(bad(format!("harness_id: must be one of {}", HARNESS_IDS.join(", "))));
+    }
+    for (k, hosts) in &spec.env_var_hosts {
+        env_vars::validate_hosts(&format!("env_var_hosts.{k}"), hosts)?;
+    }
+    for (field, list) in [("allow_out", &spec.allow_out), ("deny_out", &spec.deny_out)] {
+        for (i, h) in list.iter().enumerate() {
+            h.parse::<lap_vault_sidecar::hosts::HostPattern>()
+                .map_err(|e| bad(format!("{field}[{i}]: {e}")))?;
+        }
+    }
+    env_vars::validate(env_vars, &BTreeMap::new(), &spec.env_var_hosts)?;
+    Ok(())
+}
+
+fn validate_locations(locations: &[String]) -> Result<(), ApiError> {
+    for (i, l) in locations.iter().enumerate() {
+        if !matches!(l.as_str(), "header" | "query" | "body") {
+            return Err(bad(format!("locations[{i}]: must be header, query or body")));
+        }
+    }
+    Ok(())
+}
+
+impl App {
+    pub fn new(store: Store, cipher: Cipher, backend: Arc<dyn SandboxBackend>, config: AppConfig) -> Arc<Self> {
+        let http = reqwest::Client::builder()
+            .no_proxy()
+            .build()
+            .unwrap_or_else(|_| reqwest::Client::new());
+        Arc::new(Self {
+            store,
+            cipher,
+            backend,
+            config,
+            metrics: Metrics::default(),
+            in_flight: Mutex::new(HashSet::new()),
+            events: broadcast::channel(256).0,
+            http,
+        })
+    }
+
+    /// Constant-time check of a presented API key.
+    pub fn authorized(&self, presented: &str) -> bool {
+        use subtle::ConstantTimeEq;
+        let a = self.config.master_key.as_bytes();
+        let b = presented.as_bytes();
+        a.len() == b.len() && bool::from(a.ct_eq(b))
+    }
+
+    /// Session updates as they happen.
+    pub fn subscribe(&self) -> broadcast::Receiver<SessionView> {
+        self.events.subscribe()
+    }
+
+    async fn emit(&self, id: &str) {
+        if let Ok(Some(s)) = self.store.get_session(id).await {
+            let _ = self.events.send(s.view());
+        }
+    }
+
+    // ---- agents ----
+
+    fn agent_from_row(&self, row: AgentRow) -> Result<Agent, ApiError> {
+        let spec: AgentSpec =
+            serde_json::from_str(&row.spec).map_err(|e| ApiError::Internal(format!("agent {}: {e}", row.id)))?;
+        let env_vars: BTreeMap<String, String> = self.cipher.open_json(&row.env_vars_enc)?;
+        Ok(Agent {
+            id: row.id,
+            spec,
+            env_vars,
+            created_at: row.created_at,
+            updated_at: row.updated_at,
+        })
+    }
+
+    fn agent_row(&self, a: &Agent) -> Result<AgentRow, ApiError> {
+        Ok(AgentRow {
+            id: a.id.clone(),
+            name: a.spec.name.clone(),
+            spec: serde_json::to_string(&a.spec).map_err(|e| ApiError::Internal(e.to_string()))?,
+            env_vars_enc: self.cipher.seal_json(&a.env_vars)?,
+            created_at: a.created_at,
+            updated_at: a.updated_at,
+        })
+    }
+
+    async fn check_registry_names(&self, names: &[String]) -> Result<(), ApiError> {
+        for (i, n) in names.iter().enumerate() {
+            if self.store.get_secret(n).await?.is_none() {
+                return Err(bad(format!(
+                    "secrets[{i}]: no secret named `{n}` in the registry (POST /api/v1/secrets)"
+                )));
+            }
+        }
+        Ok(())
+    }
+
+    pub async fn create_agent(&self, input: CreateAgent) -> Result<Agent, ApiError> {
+        validate_agent_spec(&input.spec, &input.env_vars)?;
+        self.check_registry_names(&input.spec.secrets).await?;
+        let now = now_ms();
+        let agent = Agent {
+            id: new_id("agt"),
+            spec: input.spec,
+            env_vars: input.env_vars,
+            created_at: now,
+            updated_at: now,
+        };
+        self.store
+            .insert_agent(&self.agent_row(&agent)?)
+            .await
+            .map_err(|e| match ApiError::from(e) {
+                ApiError::Conflict(_) => {
+                    ApiError::Conflict(format!("name: an agent named `{}` exists", agent.spec.name))
+                }
+                other => other,
+            })?;
+        Ok(agent)
+    }
+
+    pub async fn get_agent(&self, id: &str) -> Result<Agent, ApiError> {
+        let row = self
+            .store
+            .get_agent(id)
+            .await?
+            .ok_or_else(|| ApiError::NotFound(format!("agent `{id}`")))?;
+        self.agent_from_row(row)
+    }
+
+    pub async fn list_agents(&self, limit: i64, offset: i64) -> Result<(Vec<Agent>, i64), ApiError> {
+        let (rows, total) = self.store.list_agents(limit, offset).await?;
+        Ok((
+            rows.into_iter()
+                .map(|r| self.agent_from_row(r))
+                .collect::<Result<_, _>>()?,
+            total,
+        ))
+    }
+
+    pub async fn patch_agent(&self, id: &str, p: PatchAgent) -> Result<Agent, ApiError> {
+        let mut a = self.get_agent(id).await?;
+        if let Some(v) = p.name {
+            a.spec.name = v;
+        }
+        if let Some(v) = p.model {
+            a.spec.model = v;
+        }
+        if let Some(v) = p.prompt {
+            a.spec.prompt = v;
+        }
+        if let Some(v) = p.harness_id {
+            a.spec.harness_id = v;
+        }
+        if let Some(v) = p.repo_url {
+            a.spec.repo_url = v;
+        }
+        if let Some(v) = p.branch {
+            a.spec.branch = v;
+        }
+        if let Some(v) = p.allow_out {
+            a.spec.allow_out = v;
+        }
+        if let Some(v) = p.deny_out {
+            a.spec.deny_out = v;
+        }
+        if let Some(v) = p.env_var_hosts {
+            a.spec.env_var_hosts = v;
+        }
+        if let Some(v) = p.secrets {
+            self.check_registry_names(&v).await?;
+            a.spec.secrets = v;
+        }
+        if let Some(new) = p.env_vars {
+            let old = std::mem::take(&mut a.env_vars);
+            for (k, v) in new {
+                let value = if v == REDACTED {
+                    old.get(&k)
+                        .cloned()
+                        .ok_or_else(|| bad(format!("env_vars.{k}: no stored value to keep")))?
+                } else {
+                    v
+                };
+                a.env_vars.insert(k, value);
+            }
+        }
+        validate_agent_spec(&a.spec, &a.env_vars)?;
+        a.updated_at = now_ms();
+        self.store
+            .update_agent(&self.agent_row(&a)?)
+            .await
+            .map_err(|e| match ApiError::from(e) {
+                ApiError::Conflict(_) => ApiError::Conflict(format!("name: an agent named `{}` exists", a.spec.name)),
+                other => other,
+            })?;
+        Ok(a)
+    }
+
+    pub async fn delete_agent(&self, id: &str) -> Result<(), ApiError> {
+        if !self.store.delete_agent(id).await? {
+            return Err(ApiError::NotFound(format!("agent `{id}`")));
+        }
+        Ok(())
+    }
+
+    // ---- secrets registry ----
+
+    fn secret_from_row(&self, r: SecretRow) -> Result<RegistrySecret, ApiError> {
+        let value = String::from_utf8(self.cipher.open(&r.value_enc)?)
+            .map_err(|_| ApiError::Internal(format!("secret {}: not UTF-8", r.name)))?;
+        Ok(RegistrySecret {
+            value,
+            hosts: serde_json::from_str(&r.hosts).map_err(|e| ApiError::Internal(e.to_string()))?,
+            locations: serde_json::from_str(&r.locations).map_err(|e| ApiError::Internal(e.to_string()))?,
+            name: r.name,
+            created_at: r.created_at,
+            updated_at: r.updated_at,
+        })
+    }
+
+    /// Create (`replace` false: 409 if it exists) or rotate (`replace` true) a registry secret;
+    /// a rotation reaches running sessions through their sidecar's reload.
+    pub async fn put_secret(&self, name: &str, input: SecretInput, replace: bool) -> Result<RegistrySecret, ApiError> {
+        if !env_vars::is_valid_name(name) {
+            return Err(bad("name: must match ^[A-Za-z_][A-Za-z0-9_]*$"));
+        }
+        if input.value.is_empty() {
+            return Err(bad("value: must not be empty"));
+        }
+        env_vars::validate_hosts("hosts", &input.hosts)?;
+        validate_locations(&input.locations)?;
+        let now = now_ms();
+        let existing = self.store.get_secret(name).await?;
+        let row = SecretRow {
+            name: name.to_owned(),
+            value_enc: self.cipher.seal(input.value.as_bytes())?,
+            hosts: serde_json::to_string(&input.hosts).map_err(|e| ApiError::Internal(e.to_string()))?,
+            locations: serde_json::to_string(&input.locations).map_err(|e| ApiError::Internal(e.to_string()))?,
+            created_at: existing.as_ref().map_or(now, |e| e.created_at),
+            updated_at: now,
+        };
+        self.store
+            .put_secret(&row, replace)
+            .await
+            .map_err(|e| match ApiError::from(e) {
+                ApiError::Conflict(_) => {
+                    ApiError::Conflict(format!("name: a secret named `{name}` exists; PUT rotates it"))
+                }
+                other => other,
+            })?;
+        if replace {
+            self.propagate_rotation(name, &input).await;
+        }
+        self.secret_from_row(row)
+    }
+
+    async fn propagate_rotation(&self, name: &str, input: &SecretInput) {
+        let Ok(sessions) = self.store.sessions_with_status(&[Status::Ready]).await else {
+            return;
+        };
+        for s in sessions {
+            let Ok(agent) = self.get_agent(&s.agent_id).await else {
+                continue;
+            };
+            if !agent.spec.secrets.iter().any(|n| n == name) {
+                continue;
+            }
+            let Some(handle) = self.handle(&s) else { continue };
+            match self
+                .backend
+                .rotate_secret(&handle, name, &input.value, &input.hosts, &input.locations)
+                .await
+            {
+                Ok(()) => tracing::info!(session = %s.id, secret = %name, "rotated secret in running session"),
+                Err(e) => tracing::warn!(session = %s.id, secret = %name, error = %e, "rotation did not reach session"),
+            }
+        }
+    }
+
+    pub async fn get_secret(&self, name: &str) -> Result<RegistrySecret, ApiError> {
+        let row = self
+            .store
+            .get_secret(name)
+            .await?
+            .ok_or_else(|| ApiError::NotFound(format!("secret `{name}`")))?;
+        self.secret_from_row(row)
+    }
+
+    pub async fn list_secrets(&self, limit: i64, offset: i64) -> Result<(Vec<RegistrySecret>, i64), ApiError> {
+        let (rows, total) = self.store.list_secrets(limit, offset).await?;
+        Ok((
+            rows.into_iter()
+                .map(|r| self.secret_from_row(r))
+                .collect::<Result<_, _>>()?,
+            total,
+        ))
+    }
+
+    pub async fn delete_secret(&self, name: &str) -> Result<(), ApiError> {
+        if !self.store.delete_secret(name).await? {
+            return Err(ApiError::NotFound(format!("secret `{name}`")));
+        }
+        Ok(())
+    }
+
+    // ---- sessions ----
+
+    /// Validate the request, record the session as `creating` and start the bring-up in the
+    /// background. Per-session values go only to the backend, never to the store.
+    pub async fn create_session(self: &Arc<Self>, agent_id: &str, req: CreateSession) -> Result<Session, ApiError> {
+        let agent = self.get_agent(agent_id).await?;
+        let bindings = env_vars::validate(&req.env_vars, &req.env_var_hosts, &agent.spec.env_var_hosts)?;
+        if let Some(t) = &req.title {
+            if t.len() > 512 {
+                return Err(bad("title: at most 512 bytes"));
+            }
+        }
+
+        let mut registry = Vec::with_capacity(agent.spec.secrets.len());
+        for (i, name) in agent.spec.secrets.iter().enumerate() {
+            let s = self.store.get_secret(name).await?.ok_or_else(|| {
+                ApiError::Conflict(format!(
+                    "secrets[{i}]: the agent uses `{name}`, which is not in the registry"
+                ))
+            })?;
+            registry.push(self.secret_from_row(s)?);
+        }
+        let agent_bindings = env_vars::validate(&agent.env_vars, &BTreeMap::new(), &agent.spec.env_var_hosts)?;
+
+        // Later sources win: agent env vars, then registry secrets, then this session's env vars.
+        let secrets = {
+            let mut rng = rand::thread_rng();
+            let mut secrets: BTreeMap<String, SecretSpec> = BTreeMap::new();
+            let mut add = |name: &str, value: &str, hosts: Vec<String>, locations: Option<Vec<String>>| {
+                let stub = env_vars::mint_stub(value, &mut rng);
+                secrets.insert(
+                    name.to_owned(),
+                    SecretSpec {
+                        name: name.to_owned(),
+                        stub,
+                        value: Some(value.to_owned()),
+                        hosts,
+                        locations,
+                        ..SecretSpec::default()
+                    },
+                );
+            };
+            for b in agent_bindings {
+                if let Some(v) = agent.env_vars.get(&b.name) {
+                    add(&b.name, v, b.hosts, None);
+                }
+            }
+            for s in &registry {
+                add(
+                    &s.name,
+                    &s.value,
+                    s.hosts.clone(),
+                    (!s.locations.is_empty()).then(|| s.locations.clone()),
+                );
+            }
+            for b in bindings {
+                if let Some(v) = req.env_vars.get(&b.name) {
+                    add(&b.name, v, b.hosts, None);
+                }
+            }
+            secrets
+        };
+
+        let now = now_ms();
+        let session = Session {
+            id: new_id("ses"),
+            agent_id: agent.id.clone(),
+            title: req.title.clone(),
+            status: Status::Creating,
+            phase: "provisioning".into(),
+            failure_reason: None,
+            tty_token: random_hex(24),
+            sandbox: None,
+            created_at: now,
+            last_seen_at: now,
+            stopped_at: None,
+            idle_timeout_ms: i64::try_from(self.config.idle_timeout.as_millis()).unwrap_or(i64::MAX),
+        };
+        self.store.insert_session(&session).await?;
+        self.metrics.sessions_created.inc();
+        let spec = SandboxSpec {
+            session_id: session.id.clone(),
+            harness_id: agent.spec.harness_id.clone(),
+            model: agent.spec.model.clone(),
+            prompt: agent.spec.prompt.clone(),
+            repo_url: agent.spec.repo_url.clone(),
+            branch: agent.spec.branch.clone(),
+            allow_out: agent.spec.allow_out.clone(),
+            deny_out: agent.spec.deny_out.clone(),
+            secrets: secrets.into_values().collect(),
+            harness_token: random_hex(24),
+        };
+        if let Ok(mut f) = self.in_flight.lock() {
+            f.insert(session.id.clone());
+        }
+        let app = Arc::clone(self);
+        let initial_prompt = req.initial_prompt.clone();
+        tokio::spawn(async move { app.bring_up(spec, initial_prompt).await });
+        Ok(session)
+    }
+
+    async fn bring_up(self: Arc<Self>, spec: SandboxSpec, initial_prompt: Option<String>) {
+        let id = spec.session_id.clone();
+        let result = tokio::time::timeout(self.config.create_timeout, self.backend.create(spec)).await;
+        let outcome = match result {
+            Ok(Ok(handle)) => match self.cipher.seal_json(&handle) {
+                Ok(enc) => match self
+                    .store
+                    .transition(&id, Status::Creating, Status::Ready, None, Some(&enc))
+                    .await
+                {
+                    Ok(true) => {
+                        tracing::info!(session = %id, "session ready");
+                        Ok(Some(handle))
+                    }
+                    _ => {
+                        // Deleted (or timed out by the reconciler) meanwhile.
+                        self.backend.destroy(&handle).await;
+                        Ok(None)
+                    }
+                },
+                Err(e) => {
+                    self.backend.destroy(&handle).await;
+                    Err(format!("internal error: {e}"))
+                }
+            },
+            Ok(Err(e)) => Err(e.to_string()),
+            Err(_) => Err(format!(
+                "the sandbox did not become ready within {}s (LAP_CREATE_TIMEOUT)",
+                self.config.create_timeout.as_secs()
+            )),
+        };
+        if let Err(reason) = &outcome {
+            tracing::warn!(session = %id, reason = %reason, "session failed");
+            self.metrics.sessions_failed.inc();
+            let _ = self
+                .store
+                .transition(&id, Status::Creating, Status::Failed, Some(reason), None)
+                .await;
+        }
+        if let Ok(mut f) = self.in_flight.lock() {
+            f.remove(&id);
+        }
+        self.emit(&id).await;
+        if let (Ok(Some(_)), Some(text)) = (&outcome, initial_prompt) {
+            if let Err(e) = self.send_message(&id, &text).await {
+                tracing::warn!(session = %id, error = %e, "initial prompt failed");
+            }
+        }
+    }
+
+    pub async fn get_session(&self, id: &str) -> Result<Session, ApiError> {
+        self.store
+            .get_session(id)
+            .await?
+            .ok_or_else(|| ApiError::NotFound(format!("session `{id}`")))
+    }
+
+    fn handle(&self, s: &Session) -> Option<SandboxHandle> {
+        s.sandbox.as_deref().and_then(|enc| self.cipher.open_json(enc).ok())
+    }
+
+    /// Stop a session; idempotent, always ends `dead`.
+    pub async fn stop_session(&self, id: &str) -> Result<Session, ApiError> {
+        let s = self.get_session(id).await?;
+        if s.status != Status::Dead && self.store.transition(id, s.status, Status::Dead, None, None).await? {
+            if let Some(h) = self.handle(&s) {
+                self.backend.destroy(&h).await;
+            }
+            self.emit(id).await;
+        }
+        self.get_session(id).await
+    }
+
+    async fn ready_handle(&self, id: &str) -> Result<SandboxHandle, ApiError> {
+        let s = self.get_session(id).await?;
+        match s.status {
+            Status::Ready => self
+                .handle(&s)
+                .ok_or_else(|| ApiError::Internal(format!("session {id} is ready without a sandbox"))),
+            Status::Creating => Err(ApiError::Conflict(format!(
+                "session `{id}` is still creating; wait for ready"
+            ))),
+            other => Err(ApiError::Conflict(format!("session `{id}` is {}", other.as_str()))),
+        }
+    }
+
+    /// Send a message to the harness; returns its JSON answer.
+    pub async fn send_message(&self, id: &str, text: &str) -> Result<serde_json::Value, ApiError> {
+        let handle = self.ready_handle(id).await?;
+        self.store.touch_session(id).await?;
+        self.metrics.messages.inc();
+        let resp = self
+            .http
+            .post(format!("{}/message", handle.harness_url))
+            .bearer_auth(&handle.harness_token)
+            .json(&serde_json::json!({ "text": text }))
+            .send()
+            .await
+            .map_err(|e| {
+                self.metrics.message_errors.inc();
+                ApiError::BadGateway(format!("the harness is unreachable: {e}"))
+            })?;
+        let status = resp.status();
+        let body: serde_json::Value = resp
+            .json()
+            .await
+            .map_err(|e| ApiError::BadGateway(format!("the harness sent an unreadable answer: {e}")))?;
+        self.store.touch_session(id).await?;
+        if !status.is_success() {
+            self.metrics.message_errors.inc();
+            let msg = body
+                .get("error")
+                .and_then(|e| e.as_str())
+                .unwrap_or("no details")
+                .to_owned();
+            return Err(ApiError::BadGateway(format!("the agent failed: {msg}")));
+        }
+        Ok(body)
+    }
+
+    /// Open the harness's SSE stream for a message.
+    pub async fn message_stream(&self, id: &str, text: &str) -> Result<reqwest::Response, ApiError> {
+        let handle = self.ready_handle(id).await?;
+        self.store.touch_session(id).await?;
+        self.metrics.messages.inc();
+        let resp = self
+            .http
+            .post(format!("{}/message_stream", handle.harness_url))
+            .bearer_auth(&handle.harness_token)
+            .json(&serde_json::json!({ "text": text }))
+            .send()
+            .await
+            .map_err(|e| ApiError::BadGateway(format!("the harness is unreachable: {e}")))?;
+        if !resp.status().is_success() {
+            return Err(ApiError::BadGateway(format!("the harness answered {}", resp.status())));
+        }
+        Ok(resp)
+    }
+
+    /// The sidecar's audit events for a session.
+    pub async fn interceptions(&self, id: &str) -> Result<serde_json::Value, ApiError> {
+        let handle = self.ready_handle(id).await?;
+        let resp = self
+            .http
+            .get(format!("{}/interceptions", handle.sidecar_admin_url))
+            .bearer_auth(&handle.sidecar_admin_token)
+            .timeout(Duration::from_secs(10))
+            .send()
+            .await
+            .map_err(|e| ApiError::BadGateway(format!("the vault sidecar is unreachable: {e}")))?;
+        if !resp.status().is_success() {
+            return Err(ApiError::BadGateway(format!(
+                "the vault sidecar answered {}",
+                resp.status()
+            )));
+        }
+        resp.json()
+            .await
+            .map_err(|e| ApiError::BadGateway(format!("the vault sidecar sent bad JSON: {e}")))
+    }
+
+    // ---- reconciler ----
+
+    /// One reconcile pass over `creating` and `ready` sessions, then an orphan sweep. Every
+    /// change is a compare-and-set on the row, so concurrent replicas never act twice.
+    pub async fn reconcile_once(&self) -> Result<(), ApiError> {
+        let now = now_ms();
+        let create_ms = i64::try_from(self.config.create_timeout.as_millis()).unwrap_or(i64::MAX);
+        let in_flight = self.in_flight.lock().map(|f| f.clone()).unwrap_or_default();
+        for s in self
+            .store
+            .sessions_with_status(&[Status::Creating, Status::Ready])
+            .await?
+        {
+            let handle = self.handle(&s);
+            let liveness = match (&handle, s.status) {
+                (Some(h), Status::Ready) => Some(self.backend.liveness(h).await),
+                _ => None,
+            };
+            match lifecycle::decide(&s, now, create_ms, in_flight.contains(&s.id), liveness) {
+                Action::Nothing => {}
+                Action::Fail(reason) => {
+                    if self
+                        .store
+                        .transition(&s.id, Status::Creating, Status::Failed, Some(&reason), None)
+                        .await?
+                    {
+                        tracing::warn!(session = %s.id, reason = %reason, "session failed");
+                        self.metrics.sessions_failed.inc();
+                        self.emit(&s.id).await;
+                    }
+                }
+                Action::Vanished => {
+                    let reason = "the sandbox stopped unexpectedly";
+                    if self
+                        .store
+                        .transition(&s.id, Status::Ready, Status::Dead, Some(reason), None)
+                        .await?
+                    {
+                        tracing::warn!(session = %s.id, "sandbox vanished");
+                        if let Some(h) = &handle {
+                            self.backend.destroy(h).await;
+                        }
+                        self.metrics.sessions_vanished.inc();
+                        self.emit(&s.id).await;
+                    }
+                }
+                Action::IdleStop => {
+                    if self
+                        .store
+                        .transition(&s.id, Status::Ready, Status::Dead, None, None)
+                        .await?
+                    {
+                        tracing::info!(session = %s.id, "idle timeout: stopping");
+                        if let Some(h) = &handle {
+                            self.backend.destroy(h).await;
+                        }
+                        self.metrics.sessions_reaped.inc();
+                        self.emit(&s.id).await;
+                    }
+                }
+            }
+        }
+        let keep: HashSet<String> = self
+            .store
+            .sessions_with_status(&[Status::Creating, Status::Ready])
+            .await?
+            .into_iter()
+            .map(|s| s.id)
+            .collect();
+        let removed = self.backend.remove_orphans(&keep).await;
+        if removed > 0 {
+            tracing::info!(removed, "removed orphaned sandboxes");
+        }
+        Ok(())
+    }
+
+    /// Count of sessions per status, for `/metrics`.
+    pub async fn session_counts(&self) -> Vec<(Status, usize)> {
+        let mut out = Vec::new();
+        for st in [Status::Creating, Status::Ready, Status::Dead, Status::Failed] {
+            let n = self
+                .store
+                .sessions_with_status(&[st])
+                .await
+                .map(|v| v.len())
+                .unwrap_or(0);
+            out.push((st, n));
+        }
+        out
+    }
+}

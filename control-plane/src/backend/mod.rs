@@ -1,0 +1,96 @@
+//! Sandbox backends (SPEC §3.4): one trait, so the API and the reconciler never know which.
+//!
+//! [`SandboxSpec`] is everything a sandbox needs (the sidecar's secrets with their real values,
+//! the harness's non-secret settings); [`SandboxHandle`] is what the control plane keeps to reach
+//! and stop it. Start reading at [`local`].
+
+pub mod local;
+
+use std::collections::BTreeMap;
+
+use async_trait::async_trait;
+use lap_vault_sidecar::config::SecretSpec;
+use serde::{Deserialize, Serialize};
+
+/// What to bring up for one session.
+#[derive(Debug, Clone)]
+pub struct SandboxSpec {
+    pub session_id: String,
+    pub harness_id: String,
+    pub model: Option<String>,
+    pub prompt: Option<String>,
+    pub repo_url: Option<String>,
+    pub branch: Option<String>,
+    pub allow_out: Vec<String>,
+    pub deny_out: Vec<String>,
+    /// For the sidecar only: each with its real value and its per-session stub.
+    pub secrets: Vec<SecretSpec>,
+    /// The per-session token the harness requires as Bearer.
+    pub harness_token: String,
+}
+
+impl SandboxSpec {
+    /// The harness's view of the secrets: name → stub.
+    pub fn stub_env(&self) -> BTreeMap<String, String> {
+        self.secrets.iter().map(|s| (s.name.clone(), s.stub.clone())).collect()
+    }
+}
+
+/// How to reach and stop a running sandbox. Stored encrypted with the session.
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
+pub struct SandboxHandle {
+    /// Base URL of the harness (`http://127.0.0.1:PORT`).
+    pub harness_url: String,
+    pub harness_token: String,
+    /// Base URL of the sidecar's admin port.
+    pub sidecar_admin_url: String,
+    /// Bearer for the sidecar's `/interceptions` and `/reload`.
+    pub sidecar_admin_token: String,
+    /// Backend-specific details (processes, directories, resource names).
+    pub detail: serde_json::Value,
+}
+
+/// Whether a sandbox still exists.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Liveness {
+    Running,
+    Gone,
+}
+
+/// A backend failure; the message is shown to users as `failure_reason`.
+#[derive(Debug, thiserror::Error)]
+pub enum BackendError {
+    #[error("{0}")]
+    Failed(String),
+    #[error("{what}: {source}")]
+    Io {
+        what: String,
+        #[source]
+        source: std::io::Error,
+    },
+    #[error("this backend is not available: {0}")]
+    Unavailable(String),
+}
+
+/// A place sessions run.
+#[async_trait]
+pub trait SandboxBackend: Send + Sync + 'static {
+    /// Bring the sandbox up; returns once the harness answers `/healthz`. On error everything
+    /// started is torn down again.
+    async fn create(&self, spec: SandboxSpec) -> Result<SandboxHandle, BackendError>;
+    /// Whether the sandbox still runs.
+    async fn liveness(&self, handle: &SandboxHandle) -> Liveness;
+    /// Stop and remove it; idempotent.
+    async fn destroy(&self, handle: &SandboxHandle);
+    /// Replace the value of the secret `name` (keeping its stub), reloading the sidecar.
+    async fn rotate_secret(
+        &self,
+        handle: &SandboxHandle,
+        name: &str,
+        value: &str,
+        hosts: &[String],
+        locations: &[String],
+    ) -> Result<(), BackendError>;
+    /// Remove sandboxes whose session is not in `keep` (orphans). Returns how many.
+    async fn remove_orphans(&self, keep: &std::collections::HashSet<String>) -> usize;
+}

@@ -1,0 +1,441 @@
+//! Per-session `env_vars` (SPEC §3.3): validation, host binding and stub minting.
+//!
+//! Everything here is pure: [`validate`] checks a request's map against every rule and returns
+//! the host binding of each key, or the first violation naming its key; [`mint_stub`] makes a
+//! fresh stub from a caller-supplied RNG. The values themselves only ever go to the sidecar.
+
+use std::collections::BTreeMap;
+
+use lap_vault_sidecar::hosts::HostPattern;
+use rand::Rng;
+
+/// At most this many keys per session.
+pub const MAX_KEYS: usize = 50;
+/// At most this many bytes for the JSON of the whole map.
+pub const MAX_JSON_BYTES: usize = 16 * 1024;
+
+/// Names the platform sets itself; a user may not override them (compared exactly).
+const RESERVED: &[&str] = &[
+    "REPO_URL",
+    "BRANCH",
+    "LITELLM_API_KEY",
+    "LITELLM_API_BASE",
+    "LITELLM_DEFAULT_MODEL",
+    "AGENT_PROMPT",
+    "PORT",
+    "GIT_TOKEN",
+    "AGENT_REQUIREMENTS",
+    "HARNESS_AUTH_TOKEN",
+    "NODE_USE_ENV_PROXY",
+    "SSL_CERT_DIR",
+    // Extension: the harness process needs its own HOME and PATH.
+    "HOME",
+    "PATH",
+];
+
+/// Proxy and CA variables of SPEC §2.3, reserved in either case.
+const RESERVED_ANY_CASE: &[&str] = &[
+    "HTTPS_PROXY",
+    "HTTP_PROXY",
+    "NO_PROXY",
+    "ALL_PROXY",
+    "NODE_EXTRA_CA_CERTS",
+    "SSL_CERT_FILE",
+    "REQUESTS_CA_BUNDLE",
+    "CURL_CA_BUNDLE",
+    "GIT_SSL_CAINFO",
+    "CARGO_HTTP_CAINFO",
+];
+
+/// Built-in host bindings for well-known names.
+const BUILTIN_HOSTS: &[(&str, &[&str])] = &[
+    (
+        "GITHUB_TOKEN",
+        &["github.com", "api.github.com", "*.githubusercontent.com"],
+    ),
+    ("GH_TOKEN", &["github.com", "api.github.com", "*.githubusercontent.com"]),
+    ("ANTHROPIC_API_KEY", &["api.anthropic.com"]),
+    ("ANTHROPIC_AUTH_TOKEN", &["api.anthropic.com"]),
+    ("OPENAI_API_KEY", &["api.openai.com", "chatgpt.com"]),
+    ("CIRCLECI_TOKEN", &["circleci.com"]),
+    ("GITLAB_TOKEN", &["gitlab.com"]),
+    ("NPM_TOKEN", &["registry.npmjs.org"]),
+    ("HF_TOKEN", &["huggingface.co", "*.huggingface.co"]),
+    ("GEMINI_API_KEY", &["generativelanguage.googleapis.com"]),
+    ("GOOGLE_API_KEY", &["generativelanguage.googleapis.com"]),
+    ("OPENROUTER_API_KEY", &["openrouter.ai"]),
+    ("GROQ_API_KEY", &["api.groq.com"]),
+    ("MISTRAL_API_KEY", &["api.mistral.ai"]),
+];
+
+/// Recognisable prefixes kept on stubs, longest first so the most specific wins.
+const STUB_PREFIXES: &[&str] = &[
+    "sk-ant-api03-",
+    "sk-ant-oat01-",
+    "github_pat_",
+    "sk-ant-",
+    "sk-proj-",
+    "glpat-",
+    "xoxb-",
+    "xoxp-",
+    "ghp_",
+    "gho_",
+    "ghs_",
+    "ghu_",
+    "ghr_",
+    "npm_",
+    "gsk_",
+    "AIza",
+    "hf_",
+    "sk-",
+];
+
+/// Random characters in a stub: 32 base-62 characters, about 190 bits.
+const STUB_RANDOM_CHARS: usize = 32;
+
+/// One rule broken, naming the offending key (`env_vars.FOO`) or the map (`env_vars`).
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("{field}: {reason}")]
+pub struct EnvVarError {
+    pub field: String,
+    pub reason: String,
+}
+
+fn err(field: impl Into<String>, reason: impl Into<String>) -> EnvVarError {
+    EnvVarError {
+        field: field.into(),
+        reason: reason.into(),
+    }
+}
+
+/// A validated key with the hosts its value may be sent to.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Binding {
+    pub name: String,
+    pub hosts: Vec<String>,
+}
+
+/// Whether `key` matches `^[A-Za-z_][A-Za-z0-9_]*$`.
+pub fn is_valid_name(key: &str) -> bool {
+    let mut chars = key.chars();
+    matches!(chars.next(), Some(c) if c.is_ascii_alphabetic() || c == '_')
+        && chars.all(|c| c.is_ascii_alphanumeric() || c == '_')
+}
+
+/// Why `key` is reserved, if it is.
+pub fn reserved_reason(key: &str) -> Option<&'static str> {
+    if key.len() >= 4 && key[..4].eq_ignore_ascii_case("LAP_") {
+        return Some("LAP_* names are reserved for the platform");
+    }
+    if RESERVED.contains(&key) {
+        return Some("this name is set by the platform and cannot be overridden");
+    }
+    if RESERVED_ANY_CASE.iter().any(|r| r.eq_ignore_ascii_case(key)) {
+        return Some("proxy and CA variables are set by the platform and cannot be overridden");
+    }
+    None
+}
+
+/// The built-in host binding for a well-known name.
+pub fn builtin_hosts(key: &str) -> Option<&'static [&'static str]> {
+    BUILTIN_HOSTS.iter().find(|(k, _)| *k == key).map(|(_, h)| *h)
+}
+
+/// Check explicit host patterns for `field`.
+pub fn validate_hosts(field: &str, hosts: &[String]) -> Result<(), EnvVarError> {
+    if hosts.is_empty() {
+        return Err(err(field, "must list at least one host"));
+    }
+    for (i, h) in hosts.iter().enumerate() {
+        h.parse::<HostPattern>()
+            .map_err(|e| err(format!("{field}[{i}]"), e.to_string()))?;
+    }
+    Ok(())
+}
+
+/// Validate a session's `env_vars` against SPEC §3.3.
+///
+/// `env_var_hosts` are the request's bindings; `inherited_hosts` those of the agent (consulted
+/// next); the built-in table last. Returns one [`Binding`] per key, in key order.
+pub fn validate(
+    env_vars: &BTreeMap<String, String>,
+    env_var_hosts: &BTreeMap<String, Vec<String>>,
+    inherited_hosts: &BTreeMap<String, Vec<String>>,
+) -> Result<Vec<Binding>, EnvVarError> {
+    if env_vars.len() > MAX_KEYS {
+        return Err(err(
+            "env_vars",
+            format!("at most {MAX_KEYS} keys are allowed, got {}", env_vars.len()),
+        ));
+    }
+    let size = serde_json::to_string(env_vars).map(|s| s.len()).unwrap_or(usize::MAX);
+    if size > MAX_JSON_BYTES {
+        return Err(err(
+            "env_vars",
+            format!("at most {MAX_JSON_BYTES} bytes of JSON are allowed, got {size}"),
+        ));
+    }
+    for key in env_var_hosts.keys() {
+        if !env_vars.contains_key(key) {
+            return Err(err(
+                format!("env_var_hosts.{key}"),
+                "binds a key that is not in env_vars",
+            ));
+        }
+    }
+    let mut bindings = Vec::with_capacity(env_vars.len());
+    for (key, value) in env_vars {
+        let field = format!("env_vars.{key}");
+        if !is_valid_name(key) {
+            return Err(err(field, "key must match ^[A-Za-z_][A-Za-z0-9_]*$"));
+        }
+        if let Some(reason) = reserved_reason(key) {
+            return Err(err(field, reason));
+        }
+        if value.is_empty() {
+            return Err(err(field, "value must not be empty"));
+        }
+        let hosts = if let Some(hosts) = env_var_hosts.get(key) {
+            validate_hosts(&format!("env_var_hosts.{key}"), hosts)?;
+            hosts.clone()
+        } else if let Some(hosts) = inherited_hosts.get(key) {
+            hosts.clone()
+        } else if let Some(hosts) = builtin_hosts(key) {
+            hosts.iter().map(|h| (*h).to_owned()).collect()
+        } else {
+            return Err(err(
+                field,
+                format!(
+                    "no host binding: the vault only sends a value to hosts it is bound to; \
+                     add \"env_var_hosts\": {{\"{key}\": [\"api.example.com\"]}}"
+                ),
+            ));
+        };
+        bindings.push(Binding {
+            name: key.clone(),
+            hosts,
+        });
+    }
+    Ok(bindings)
+}
+
+/// The recognisable prefix of a real value that a stub keeps, if any.
+pub fn stub_prefix(value: &str) -> &'static str {
+    STUB_PREFIXES
+        .iter()
+        .find(|p| value.starts_with(**p))
+        .copied()
+        .unwrap_or("")
+}
+
+/// A fresh stub for `value`: its recognisable prefix, `lapstub`, then 32 random base-62
+/// characters (about 190 bits).
+pub fn mint_stub<R: Rng + ?Sized>(value: &str, rng: &mut R) -> String {
+    const ALPHABET: &[u8] = b"ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789";
+    let mut stub = String::with_capacity(64);
+    stub.push_str(stub_prefix(value));
+    stub.push_str("lapstub");
+    for _ in 0..STUB_RANDOM_CHARS {
+        stub.push(char::from(ALPHABET[rng.gen_range(0..ALPHABET.len())]));
+    }
+    stub
+}
+
+#[cfg(test)]
+mod tests {
+    #![allow(clippy::unwrap_used)]
+    use super::*;
+    use rand::SeedableRng;
+
+    fn map(pairs: &[(&str, &str)]) -> BTreeMap<String, String> {
+        pairs.iter().map(|(k, v)| ((*k).to_owned(), (*v).to_owned())).collect()
+    }
+
+    fn hosts(pairs: &[(&str, &[&str])]) -> BTreeMap<String, Vec<String>> {
+        pairs
+            .iter()
+            .map(|(k, v)| ((*k).to_owned(), v.iter().map(|h| (*h).to_owned()).collect()))
+            .collect()
+    }
+
+    fn check(vars: &[(&str, &str)]) -> Result<Vec<Binding>, EnvVarError> {
+        validate(&map(vars), &BTreeMap::new(), &BTreeMap::new())
+    }
+
+    #[test]
+    fn empty_map_is_fine() {
+        assert_eq!(check(&[]).unwrap(), vec![]);
+    }
+
+    #[test]
+    fn builtin_table_binds_well_known_names() {
+        let b = check(&[
+            ("ANTHROPIC_API_KEY", "sk-ant-x"),
+            ("GITHUB_TOKEN", "ghp_x"),
+            ("OPENAI_API_KEY", "sk-x"),
+        ])
+        .unwrap();
+        assert_eq!(b[0].name, "ANTHROPIC_API_KEY");
+        assert_eq!(b[0].hosts, vec!["api.anthropic.com"]);
+        assert_eq!(
+            b[1].hosts,
+            vec!["github.com", "api.github.com", "*.githubusercontent.com"]
+        );
+        assert_eq!(b[2].hosts, vec!["api.openai.com", "chatgpt.com"]);
+        assert_eq!(check(&[("GH_TOKEN", "x")]).unwrap()[0].hosts.len(), 3);
+        assert_eq!(
+            check(&[("CIRCLECI_TOKEN", "x")]).unwrap()[0].hosts,
+            vec!["circleci.com"]
+        );
+    }
+
+    #[test]
+    fn unknown_name_without_binding_says_how_to_bind() {
+        let e = check(&[("MY_TOKEN", "v")]).unwrap_err();
+        assert_eq!(e.field, "env_vars.MY_TOKEN");
+        assert!(e.reason.contains("env_var_hosts"), "{e}");
+    }
+
+    #[test]
+    fn explicit_binding_wins_over_inherited_and_builtin() {
+        let b = validate(
+            &map(&[("ANTHROPIC_API_KEY", "k"), ("MY_TOKEN", "v")]),
+            &hosts(&[("ANTHROPIC_API_KEY", &["llm.internal"])]),
+            &hosts(&[("MY_TOKEN", &["*.corp.example"])]),
+        )
+        .unwrap();
+        assert_eq!(b[0].hosts, vec!["llm.internal"]);
+        assert_eq!(b[1].hosts, vec!["*.corp.example"]);
+    }
+
+    #[test]
+    fn bad_binding_names_the_host() {
+        let e = validate(
+            &map(&[("A", "v")]),
+            &hosts(&[("A", &["ok.example", "bad host"])]),
+            &BTreeMap::new(),
+        )
+        .unwrap_err();
+        assert_eq!(e.field, "env_var_hosts.A[1]");
+        let e = validate(&map(&[("A", "v")]), &hosts(&[("A", &[])]), &BTreeMap::new()).unwrap_err();
+        assert_eq!(e.field, "env_var_hosts.A");
+        let e = validate(&map(&[]), &hosts(&[("A", &["x.example"])]), &BTreeMap::new()).unwrap_err();
+        assert_eq!(e.field, "env_var_hosts.A");
+    }
+
+    #[test]
+    fn key_syntax() {
+        for bad in ["", "1ABC", "A-B", "A B", "É", "A.B", "a=b"] {
+            let e = validate(&map(&[(bad, "v")]), &hosts(&[]), &BTreeMap::new()).unwrap_err();
+            assert_eq!(e.field, format!("env_vars.{bad}"), "{bad}");
+            assert!(e.reason.contains("must match"), "{bad}: {e}");
+        }
+        for good in ["_", "a", "_A1", "abc_DEF_9"] {
+            assert!(is_valid_name(good), "{good}");
+        }
+    }
+
+    #[test]
+    fn reserved_names_are_refused() {
+        let reserved = [
+            "REPO_URL",
+            "BRANCH",
+            "LITELLM_API_KEY",
+            "LITELLM_API_BASE",
+            "LITELLM_DEFAULT_MODEL",
+            "AGENT_PROMPT",
+            "PORT",
+            "GIT_TOKEN",
+            "AGENT_REQUIREMENTS",
+            "HARNESS_AUTH_TOKEN",
+            "HTTPS_PROXY",
+            "https_proxy",
+            "HTTP_PROXY",
+            "http_proxy",
+            "NO_PROXY",
+            "no_proxy",
+            "ALL_PROXY",
+            "all_proxy",
+            "NODE_EXTRA_CA_CERTS",
+            "SSL_CERT_FILE",
+            "ssl_cert_file",
+            "REQUESTS_CA_BUNDLE",
+            "CURL_CA_BUNDLE",
+            "GIT_SSL_CAINFO",
+            "CARGO_HTTP_CAINFO",
+            "NODE_USE_ENV_PROXY",
+            "SSL_CERT_DIR",
+            "LAP_ANYTHING",
+            "LAP_",
+            "lap_x",
+            "HOME",
+        ];
+        for key in reserved {
+            let e = check(&[(key, "v")]).unwrap_err();
+            assert_eq!(e.field, format!("env_vars.{key}"), "{key}");
+        }
+        assert!(reserved_reason("LAPTOP_KEY").is_none());
+        assert!(reserved_reason("port").is_none());
+    }
+
+    #[test]
+    fn empty_value_is_refused() {
+        assert_eq!(
+            check(&[("GITHUB_TOKEN", "")]).unwrap_err().field,
+            "env_vars.GITHUB_TOKEN"
+        );
+    }
+
+    #[test]
+    fn fifty_keys_is_the_limit() {
+        let keys: Vec<String> = (0..51).map(|i| format!("K{i}")).collect();
+        let all: BTreeMap<String, String> = keys.iter().map(|k| (k.clone(), "v".to_owned())).collect();
+        let bind: BTreeMap<String, Vec<String>> =
+            keys.iter().map(|k| (k.clone(), vec!["h.example".to_owned()])).collect();
+        let e = validate(&all, &BTreeMap::new(), &bind).unwrap_err();
+        assert_eq!(e.field, "env_vars");
+        assert!(e.reason.contains("50"));
+        let fifty: BTreeMap<String, String> = all.into_iter().take(50).collect();
+        assert_eq!(validate(&fifty, &BTreeMap::new(), &bind).unwrap().len(), 50);
+    }
+
+    #[test]
+    fn sixteen_kilobytes_is_the_limit() {
+        // {"GITHUB_TOKEN":"…"} is 19 bytes of framing.
+        let fits = "x".repeat(MAX_JSON_BYTES - 19);
+        assert!(check(&[("GITHUB_TOKEN", &fits)]).is_ok());
+        let over = "x".repeat(MAX_JSON_BYTES - 18);
+        let e = check(&[("GITHUB_TOKEN", &over)]).unwrap_err();
+        assert_eq!(e.field, "env_vars");
+        assert!(e.reason.contains("16384"));
+    }
+
+    #[test]
+    fn stubs_keep_recognisable_prefixes() {
+        let mut rng = rand::rngs::StdRng::seed_from_u64(7);
+        for (value, prefix) in [
+            ("sk-ant-api03-REALREAL", "sk-ant-api03-"),
+            ("sk-ant-xyz", "sk-ant-"),
+            ("sk-proj-abc", "sk-proj-"),
+            ("sk-abc", "sk-"),
+            ("ghp_abc", "ghp_"),
+            ("github_pat_abc", "github_pat_"),
+            ("glpat-abc", "glpat-"),
+            ("plainvalue", ""),
+        ] {
+            let stub = mint_stub(value, &mut rng);
+            assert!(stub.starts_with(&format!("{prefix}lapstub")), "{value} -> {stub}");
+            assert_eq!(stub.len(), prefix.len() + 7 + STUB_RANDOM_CHARS);
+            assert!(!stub.contains(&value[prefix.len()..]) || value.len() == prefix.len());
+        }
+    }
+
+    #[test]
+    fn stubs_are_unique() {
+        let mut rng = rand::thread_rng();
+        let stubs: std::collections::HashSet<String> = (0..1000).map(|_| mint_stub("sk-ant-x", &mut rng)).collect();
+        assert_eq!(stubs.len(), 1000);
+        // 32 base-62 characters carry log2(62)*32 ≈ 190 bits.
+        assert!((STUB_RANDOM_CHARS as f64) * 62f64.log2() >= 128.0);
+    }
+}

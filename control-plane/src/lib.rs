@@ -1,0 +1,20 @@
+//! LAP control plane (SPEC §3): `lap-server`'s REST API, store, sandbox backends and reconciler.
+//!
+//! Start reading at [`api`] (routes) → [`app`] (what each request does) → [`backend`] (how a
+//! sandbox is brought up). Pure cores: [`env_vars`] (per-session env var rules and stubs),
+//! [`lifecycle`] (reconciler decisions), [`settings`] (flags and durations).
+
+pub mod api;
+pub mod app;
+pub mod backend;
+pub mod crypto;
+pub mod env_vars;
+pub mod error;
+pub mod keys;
+pub mod lifecycle;
+pub mod metrics;
+pub mod model;
+pub mod reconciler;
+pub mod server;
+pub mod settings;
+pub mod store;

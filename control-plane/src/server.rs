@@ -1,0 +1,133 @@
+//! Wiring: settings → keys → store → backend → app → router + reconciler.
+
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+
+use lap_vault_sidecar::config::{read_config, SidecarConfig};
+
+use crate::app::{App, AppConfig};
+use crate::backend::local::{LocalBackend, LocalConfig};
+use crate::backend::SandboxBackend;
+use crate::crypto::Cipher;
+use crate::keys;
+use crate::settings::{BackendKind, Settings};
+use crate::store::{sqlite_url, Store};
+
+/// A configuration problem: `lap-server` exits 2 with it.
+#[derive(Debug, thiserror::Error)]
+pub enum StartError {
+    #[error("{0}")]
+    Config(String),
+    #[error("database: {0}")]
+    Store(#[from] crate::store::StoreError),
+    #[error("keys: {0}")]
+    Keys(#[from] keys::KeyFileError),
+    #[error("backend: {0}")]
+    Backend(#[from] crate::backend::BackendError),
+}
+
+/// A binary next to the running executable, else on PATH.
+pub fn find_binary(name: &str, given: Option<&Path>) -> Result<PathBuf, StartError> {
+    if let Some(p) = given {
+        return if p.is_file() {
+            Ok(p.to_owned())
+        } else {
+            Err(StartError::Config(format!("{} does not exist", p.display())))
+        };
+    }
+    if let Some(dir) = std::env::current_exe()
+        .ok()
+        .and_then(|e| e.parent().map(Path::to_owned))
+    {
+        let p = dir.join(name);
+        if p.is_file() {
+            return Ok(p);
+        }
+    }
+    if let Some(path) = std::env::var_os("PATH") {
+        for dir in std::env::split_paths(&path) {
+            let p = dir.join(name);
+            if p.is_file() {
+                return Ok(p);
+            }
+        }
+    }
+    Err(StartError::Config(format!(
+        "cannot find `{name}` next to lap-server or on PATH"
+    )))
+}
+
+/// The settings of `LAP_SIDECAR_BASE_CONFIG` that apply to every session, with relative
+/// `upstream_ca_files` made absolute against the file's directory.
+pub fn load_base_config(path: &Path) -> Result<SidecarConfig, StartError> {
+    let cfg = read_config(path)
+        .map_err(|e| StartError::Config(format!("LAP_SIDECAR_BASE_CONFIG {}: {e}", path.display())))?;
+    let base_dir = path.parent().unwrap_or(Path::new("."));
+    Ok(SidecarConfig {
+        resolve: cfg.resolve,
+        upstream_ca_files: cfg
+            .upstream_ca_files
+            .into_iter()
+            .map(|p| if p.is_absolute() { p } else { base_dir.join(p) })
+            .collect(),
+        egress: cfg.egress,
+        intercept: cfg.intercept,
+        ..SidecarConfig::default()
+    })
+}
+
+/// Everything needed to serve, built from settings.
+#[derive(Debug)]
+pub struct Server {
+    pub app: Arc<App>,
+    pub keys: keys::Keys,
+}
+
+/// Validate settings and build the server (creating the data dir and keys on first start).
+pub async fn build(settings: &Settings) -> Result<Server, StartError> {
+    std::fs::create_dir_all(&settings.data_dir)
+        .map_err(|e| StartError::Config(format!("LAP_DATA_DIR {}: {e}", settings.data_dir.display())))?;
+    let keys = keys::load_or_create(
+        &settings.data_dir,
+        settings.master_key.as_deref(),
+        settings.encryption_key.as_deref(),
+    )?;
+    let backend: Arc<dyn SandboxBackend> = match settings.backend {
+        BackendKind::Local => {
+            let base = match &settings.sidecar_base_config {
+                Some(p) => load_base_config(p)?,
+                None => SidecarConfig::default(),
+            };
+            let root = std::fs::canonicalize(&settings.data_dir)
+                .unwrap_or_else(|_| settings.data_dir.clone())
+                .join("sandboxes");
+            Arc::new(LocalBackend::new(LocalConfig {
+                root,
+                sidecar_bin: find_binary("vault-sidecar", settings.sidecar_bin.as_deref())?,
+                harness_bin: find_binary("lap-harness", settings.harness_bin.as_deref())?,
+                base,
+            })?)
+        }
+        BackendKind::Kubernetes => {
+            return Err(StartError::Config(
+                "LAP_BACKEND=kubernetes is not available in this build; use local".into(),
+            ))
+        }
+    };
+    let url = settings
+        .database_url
+        .clone()
+        .unwrap_or_else(|| sqlite_url(&settings.data_dir));
+    let store = Store::connect(&url).await?;
+    let app = App::new(
+        store,
+        Cipher::from_setting(&keys.encryption_key),
+        backend,
+        AppConfig {
+            master_key: keys.master_key.clone(),
+            idle_timeout: settings.idle_timeout,
+            create_timeout: settings.create_timeout,
+        },
+    );
+    Ok(Server { app, keys })
+}

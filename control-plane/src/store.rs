@@ -1,0 +1,420 @@
+//! Storage: one code path for SQLite and Postgres through sqlx's `Any` driver.
+//!
+//! Only portable SQL: `TEXT`/`BIGINT` columns, `$n` placeholders (sqlx's SQLite driver accepts
+//! them too), times as epoch milliseconds. Migrations live in `control-plane/migrations/` and are
+//! embedded; they run at start under sqlx's migration lock (a Postgres advisory lock), so several
+//! replicas may start at once. Secret values arrive here already encrypted.
+
+use std::borrow::Cow;
+use std::path::Path;
+use std::str::FromStr;
+
+use sqlx::any::{AnyConnectOptions, AnyPoolOptions, AnyRow};
+use sqlx::migrate::{Migration, MigrationType, Migrator};
+use sqlx::{AnyPool, Row};
+
+use crate::model::{Session, Status};
+
+/// A storage failure.
+#[derive(Debug, thiserror::Error)]
+pub enum StoreError {
+    #[error("database error: {0}")]
+    Db(#[from] sqlx::Error),
+    #[error("migration failed: {0}")]
+    Migrate(#[from] sqlx::migrate::MigrateError),
+    #[error("unique constraint violated")]
+    Conflict,
+    #[error("stored row is corrupt: {0}")]
+    Corrupt(String),
+}
+
+fn map_unique(e: sqlx::Error) -> StoreError {
+    if let sqlx::Error::Database(db) = &e {
+        if db.is_unique_violation() {
+            return StoreError::Conflict;
+        }
+    }
+    StoreError::Db(e)
+}
+
+/// The embedded migrations.
+fn migrator() -> Migrator {
+    let migrations = vec![Migration::new(
+        1,
+        Cow::Borrowed("init"),
+        MigrationType::Simple,
+        Cow::Borrowed(include_str!("../migrations/0001_init.sql")),
+        false,
+    )];
+    Migrator {
+        migrations: Cow::Owned(migrations),
+        ..Migrator::DEFAULT
+    }
+}
+
+/// An agent row: spec JSON and encrypted env vars, as stored.
+#[derive(Debug, Clone)]
+pub struct AgentRow {
+    pub id: String,
+    pub name: String,
+    pub spec: String,
+    pub env_vars_enc: String,
+    pub created_at: i64,
+    pub updated_at: i64,
+}
+
+/// A registry secret row, value encrypted.
+#[derive(Debug, Clone)]
+pub struct SecretRow {
+    pub name: String,
+    pub value_enc: String,
+    pub hosts: String,
+    pub locations: String,
+    pub created_at: i64,
+    pub updated_at: i64,
+}
+
+/// The database.
+#[derive(Debug, Clone)]
+pub struct Store {
+    pool: AnyPool,
+}
+
+/// The default SQLite URL for a data directory.
+pub fn sqlite_url(data_dir: &Path) -> String {
+    format!("sqlite://{}?mode=rwc", data_dir.join("lap.db").display())
+}
+
+impl Store {
+    /// Connect and run migrations.
+    pub async fn connect(url: &str) -> Result<Self, StoreError> {
+        sqlx::any::install_default_drivers();
+        let opts = AnyConnectOptions::from_str(url)?;
+        let is_sqlite = url.starts_with("sqlite:");
+        let pool = AnyPoolOptions::new()
+            .max_connections(if is_sqlite { 1 } else { 10 })
+            .connect_with(opts)
+            .await?;
+        migrator().run(&pool).await?;
+        Ok(Self { pool })
+    }
+
+    // ---- agents ----
+
+    pub async fn insert_agent(&self, row: &AgentRow) -> Result<(), StoreError> {
+        sqlx::query(
+            "INSERT INTO agents (id, name, spec, env_vars_enc, created_at, updated_at) VALUES ($1, $2, $3, $4, $5, $6)",
+        )
+        .bind(&row.id)
+        .bind(&row.name)
+        .bind(&row.spec)
+        .bind(&row.env_vars_enc)
+        .bind(row.created_at)
+        .bind(row.updated_at)
+        .execute(&self.pool)
+        .await
+        .map_err(map_unique)?;
+        Ok(())
+    }
+
+    pub async fn update_agent(&self, row: &AgentRow) -> Result<bool, StoreError> {
+        let r = sqlx::query("UPDATE agents SET name = $2, spec = $3, env_vars_enc = $4, updated_at = $5 WHERE id = $1")
+            .bind(&row.id)
+            .bind(&row.name)
+            .bind(&row.spec)
+            .bind(&row.env_vars_enc)
+            .bind(row.updated_at)
+            .execute(&self.pool)
+            .await
+            .map_err(map_unique)?;
+        Ok(r.rows_affected() > 0)
+    }
+
+    pub async fn get_agent(&self, id: &str) -> Result<Option<AgentRow>, StoreError> {
+        let row = sqlx::query("SELECT id, name, spec, env_vars_enc, created_at, updated_at FROM agents WHERE id = $1")
+            .bind(id)
+            .fetch_optional(&self.pool)
+            .await?;
+        row.map(|r| agent_row(&r)).transpose()
+    }
+
+    pub async fn list_agents(&self, limit: i64, offset: i64) -> Result<(Vec<AgentRow>, i64), StoreError> {
+        let rows = sqlx::query(
+            "SELECT id, name, spec, env_vars_enc, created_at, updated_at FROM agents \
+             ORDER BY created_at, id LIMIT $1 OFFSET $2",
+        )
+        .bind(limit)
+        .bind(offset)
+        .fetch_all(&self.pool)
+        .await?;
+        let total: i64 = sqlx::query("SELECT COUNT(*) FROM agents")
+            .fetch_one(&self.pool)
+            .await?
+            .try_get(0)?;
+        Ok((rows.iter().map(agent_row).collect::<Result<_, _>>()?, total))
+    }
+
+    pub async fn delete_agent(&self, id: &str) -> Result<bool, StoreError> {
+        let r = sqlx::query("DELETE FROM agents WHERE id = $1")
+            .bind(id)
+            .execute(&self.pool)
+            .await?;
+        Ok(r.rows_affected() > 0)
+    }
+
+    // ---- secrets registry ----
+
+    /// Insert, or with `replace` overwrite, a registry secret. Returns false on a duplicate
+    /// insert.
+    pub async fn put_secret(&self, row: &SecretRow, replace: bool) -> Result<(), StoreError> {
+        if replace {
+            let r = sqlx::query(
+                "UPDATE secrets SET value_enc = $2, hosts = $3, locations = $4, updated_at = $5 WHERE name = $1",
+            )
+            .bind(&row.name)
+            .bind(&row.value_enc)
+            .bind(&row.hosts)
+            .bind(&row.locations)
+            .bind(row.updated_at)
+            .execute(&self.pool)
+            .await?;
+            if r.rows_affected() > 0 {
+                return Ok(());
+            }
+        }
+        sqlx::query(
+            "INSERT INTO secrets (name, value_enc, hosts, locations, created_at, updated_at) \
+             VALUES ($1, $2, $3, $4, $5, $6)",
+        )
+        .bind(&row.name)
+        .bind(&row.value_enc)
+        .bind(&row.hosts)
+        .bind(&row.locations)
+        .bind(row.created_at)
+        .bind(row.updated_at)
+        .execute(&self.pool)
+        .await
+        .map_err(map_unique)?;
+        Ok(())
+    }
+
+    pub async fn get_secret(&self, name: &str) -> Result<Option<SecretRow>, StoreError> {
+        let row = sqlx::query(
+            "SELECT name, value_enc, hosts, locations, created_at, updated_at FROM secrets WHERE name = $1",
+        )
+        .bind(name)
+        .fetch_optional(&self.pool)
+        .await?;
+        row.map(|r| secret_row(&r)).transpose()
+    }
+
+    pub async fn list_secrets(&self, limit: i64, offset: i64) -> Result<(Vec<SecretRow>, i64), StoreError> {
+        let rows = sqlx::query(
+            "SELECT name, value_enc, hosts, locations, created_at, updated_at FROM secrets \
+             ORDER BY name LIMIT $1 OFFSET $2",
+        )
+        .bind(limit)
+        .bind(offset)
+        .fetch_all(&self.pool)
+        .await?;
+        let total: i64 = sqlx::query("SELECT COUNT(*) FROM secrets")
+            .fetch_one(&self.pool)
+            .await?
+            .try_get(0)?;
+        Ok((rows.iter().map(secret_row).collect::<Result<_, _>>()?, total))
+    }
+
+    pub async fn delete_secret(&self, name: &str) -> Result<bool, StoreError> {
+        let r = sqlx::query("DELETE FROM secrets WHERE name = $1")
+            .bind(name)
+            .execute(&self.pool)
+            .await?;
+        Ok(r.rows_affected() > 0)
+    }
+
+    // ---- sessions ----
+
+    pub async fn insert_session(&self, s: &Session) -> Result<(), StoreError> {
+        sqlx::query(
+            "INSERT INTO sessions (id, agent_id, title, status, phase, failure_reason, tty_token, sandbox_enc, \
+             created_at, last_seen_at, stopped_at, idle_timeout_ms) \
+             VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12)",
+        )
+        .bind(&s.id)
+        .bind(&s.agent_id)
+        .bind(s.title.clone())
+        .bind(s.status.as_str())
+        .bind(&s.phase)
+        .bind(s.failure_reason.clone())
+        .bind(&s.tty_token)
+        .bind(s.sandbox.clone())
+        .bind(s.created_at)
+        .bind(s.last_seen_at)
+        .bind(s.stopped_at)
+        .bind(s.idle_timeout_ms)
+        .execute(&self.pool)
+        .await
+        .map_err(map_unique)?;
+        Ok(())
+    }
+
+    pub async fn get_session(&self, id: &str) -> Result<Option<Session>, StoreError> {
+        let row = sqlx::query(&format!("{SESSION_COLUMNS} WHERE id = $1"))
+            .bind(id)
+            .fetch_optional(&self.pool)
+            .await?;
+        row.map(|r| session_row(&r)).transpose()
+    }
+
+    pub async fn list_sessions(
+        &self,
+        agent_id: Option<&str>,
+        limit: i64,
+        offset: i64,
+    ) -> Result<(Vec<Session>, i64), StoreError> {
+        let (rows, total) = match agent_id {
+            Some(a) => {
+                let rows = sqlx::query(&format!(
+                    "{SESSION_COLUMNS} WHERE agent_id = $1 ORDER BY created_at, id LIMIT $2 OFFSET $3"
+                ))
+                .bind(a)
+                .bind(limit)
+                .bind(offset)
+                .fetch_all(&self.pool)
+                .await?;
+                let total: i64 = sqlx::query("SELECT COUNT(*) FROM sessions WHERE agent_id = $1")
+                    .bind(a)
+                    .fetch_one(&self.pool)
+                    .await?
+                    .try_get(0)?;
+                (rows, total)
+            }
+            None => {
+                let rows = sqlx::query(&format!("{SESSION_COLUMNS} ORDER BY created_at, id LIMIT $1 OFFSET $2"))
+                    .bind(limit)
+                    .bind(offset)
+                    .fetch_all(&self.pool)
+                    .await?;
+                let total: i64 = sqlx::query("SELECT COUNT(*) FROM sessions")
+                    .fetch_one(&self.pool)
+                    .await?
+                    .try_get(0)?;
+                (rows, total)
+            }
+        };
+        Ok((rows.iter().map(session_row).collect::<Result<_, _>>()?, total))
+    }
+
+    /// Sessions in one of these statuses (for the reconciler and rotation).
+    pub async fn sessions_with_status(&self, statuses: &[Status]) -> Result<Vec<Session>, StoreError> {
+        let mut out = Vec::new();
+        for s in statuses {
+            let rows = sqlx::query(&format!("{SESSION_COLUMNS} WHERE status = $1"))
+                .bind(s.as_str())
+                .fetch_all(&self.pool)
+                .await?;
+            for r in &rows {
+                out.push(session_row(r)?);
+            }
+        }
+        Ok(out)
+    }
+
+    /// Compare-and-set a session's status: only if it is currently `from`. Returns whether this
+    /// caller won (the claim that makes reconciling safe across replicas).
+    pub async fn transition(
+        &self,
+        id: &str,
+        from: Status,
+        to: Status,
+        failure_reason: Option<&str>,
+        sandbox_enc: Option<&str>,
+    ) -> Result<bool, StoreError> {
+        let now = crate::model::now_ms();
+        let stopped_at = to.is_terminal().then_some(now);
+        let r = sqlx::query(
+            "UPDATE sessions SET status = $3, phase = $4, \
+             failure_reason = COALESCE($5, failure_reason), sandbox_enc = COALESCE($6, sandbox_enc), \
+             stopped_at = COALESCE($7, stopped_at), last_seen_at = $8 WHERE id = $1 AND status = $2",
+        )
+        .bind(id)
+        .bind(from.as_str())
+        .bind(to.as_str())
+        .bind(to.as_str())
+        .bind(failure_reason.map(str::to_owned))
+        .bind(sandbox_enc.map(str::to_owned))
+        .bind(stopped_at)
+        .bind(now)
+        .execute(&self.pool)
+        .await?;
+        Ok(r.rows_affected() > 0)
+    }
+
+    /// Record the sandbox handle of a session still `creating`.
+    pub async fn set_phase(&self, id: &str, phase: &str) -> Result<(), StoreError> {
+        sqlx::query("UPDATE sessions SET phase = $2 WHERE id = $1 AND status = 'creating'")
+            .bind(id)
+            .bind(phase)
+            .execute(&self.pool)
+            .await?;
+        Ok(())
+    }
+
+    /// Mark activity (resets the idle timeout).
+    pub async fn touch_session(&self, id: &str) -> Result<(), StoreError> {
+        sqlx::query("UPDATE sessions SET last_seen_at = $2 WHERE id = $1")
+            .bind(id)
+            .bind(crate::model::now_ms())
+            .execute(&self.pool)
+            .await?;
+        Ok(())
+    }
+
+    /// Whether the database answers.
+    pub async fn ping(&self) -> bool {
+        sqlx::query("SELECT 1").fetch_one(&self.pool).await.is_ok()
+    }
+}
+
+const SESSION_COLUMNS: &str = "SELECT id, agent_id, title, status, phase, failure_reason, tty_token, sandbox_enc, \
+                               created_at, last_seen_at, stopped_at, idle_timeout_ms FROM sessions";
+
+fn agent_row(r: &AnyRow) -> Result<AgentRow, StoreError> {
+    Ok(AgentRow {
+        id: r.try_get(0)?,
+        name: r.try_get(1)?,
+        spec: r.try_get(2)?,
+        env_vars_enc: r.try_get(3)?,
+        created_at: r.try_get(4)?,
+        updated_at: r.try_get(5)?,
+    })
+}
+
+fn secret_row(r: &AnyRow) -> Result<SecretRow, StoreError> {
+    Ok(SecretRow {
+        name: r.try_get(0)?,
+        value_enc: r.try_get(1)?,
+        hosts: r.try_get(2)?,
+        locations: r.try_get(3)?,
+        created_at: r.try_get(4)?,
+        updated_at: r.try_get(5)?,
+    })
+}
+
+fn session_row(r: &AnyRow) -> Result<Session, StoreError> {
+    let status: String = r.try_get(3)?;
+    Ok(Session {
+        id: r.try_get(0)?,
+        agent_id: r.try_get(1)?,
+        title: r.try_get(2)?,
+        status: Status::parse(&status).ok_or_else(|| StoreError::Corrupt(format!("status `{status}`")))?,
+        phase: r.try_get(4)?,
+        failure_reason: r.try_get(5)?,
+        tty_token: r.try_get(6)?,
+        sandbox: r.try_get(7)?,
+        created_at: r.try_get(8)?,
+        last_seen_at: r.try_get(9)?,
+        stopped_at: r.try_get(10)?,
+        idle_timeout_ms: r.try_get(11)?,
+    })
+}

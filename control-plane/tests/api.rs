@@ -1,0 +1,441 @@
+//! Router tests over a real store (SQLite always; Postgres when `LAP_TEST_DATABASE_URL` is set)
+//! with `tower::ServiceExt::oneshot`. The local backend is real, pointed at binaries that do
+//! not exist, so sessions exercise the failure path without any process.
+
+#![allow(clippy::unwrap_used)]
+
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use axum::body::Body;
+use axum::http::{Request, StatusCode};
+use axum::Router;
+use http_body_util::BodyExt;
+use lap_control_plane::app::{App, AppConfig};
+use lap_control_plane::backend::local::{LocalBackend, LocalConfig};
+use lap_control_plane::crypto::Cipher;
+use lap_control_plane::store::Store;
+use serde_json::{json, Value};
+use tower::ServiceExt;
+
+const KEY: &str = "test-master-key";
+
+struct Harness {
+    router: Router,
+    app: Arc<App>,
+    dir: tempfile::TempDir,
+}
+
+async fn setup(url: Option<String>) -> Harness {
+    let dir = tempfile::tempdir().unwrap();
+    let url = url.unwrap_or_else(|| format!("sqlite://{}?mode=rwc", dir.path().join("t.db").display()));
+    let store = Store::connect(&url).await.unwrap();
+    let backend = LocalBackend::new(LocalConfig {
+        root: dir.path().join("sandboxes"),
+        sidecar_bin: dir.path().join("no-such-vault-sidecar"),
+        harness_bin: dir.path().join("no-such-lap-harness"),
+        base: Default::default(),
+    })
+    .unwrap();
+    let app = App::new(
+        store,
+        Cipher::from_setting("test encryption key"),
+        Arc::new(backend),
+        AppConfig {
+            master_key: KEY.into(),
+            idle_timeout: Duration::from_secs(3600),
+            create_timeout: Duration::from_secs(60),
+        },
+    );
+    Harness {
+        router: lap_control_plane::api::router(app.clone()),
+        app,
+        dir,
+    }
+}
+
+async fn call(router: &Router, method: &str, path: &str, body: Option<Value>) -> (StatusCode, Value) {
+    call_with(router, method, path, body, Some(KEY)).await
+}
+
+async fn call_with(
+    router: &Router,
+    method: &str,
+    path: &str,
+    body: Option<Value>,
+    key: Option<&str>,
+) -> (StatusCode, Value) {
+    let mut req = Request::builder().method(method).uri(path);
+    if let Some(k) = key {
+        req = req.header("authorization", format!("Bearer {k}"));
+    }
+    let req = match body {
+        Some(b) => req
+            .header("content-type", "application/json")
+            .body(Body::from(b.to_string())),
+        None => req.body(Body::empty()),
+    }
+    .unwrap();
+    let resp = router.clone().oneshot(req).await.unwrap();
+    let status = resp.status();
+    let bytes = resp.into_body().collect().await.unwrap().to_bytes();
+    let v = serde_json::from_slice(&bytes).unwrap_or_else(|_| Value::String(String::from_utf8_lossy(&bytes).into()));
+    (status, v)
+}
+
+const A: &str = "/api/v1/managed_agents";
+
+fn unique(name: &str) -> String {
+    format!("{name}-{}", lap_control_plane::app::new_id("t"))
+}
+
+#[tokio::test]
+async fn health_is_open_and_api_needs_the_key() {
+    let h = setup(None).await;
+    let (s, v) = call_with(&h.router, "GET", "/health", None, None).await;
+    assert_eq!((s, v["status"].as_str()), (StatusCode::OK, Some("ok")));
+    let (s, v) = call_with(&h.router, "GET", &format!("{A}/agents"), None, None).await;
+    assert_eq!(s, StatusCode::UNAUTHORIZED);
+    assert!(v["error"].as_str().unwrap().contains("Bearer"));
+    let (s, _) = call_with(&h.router, "GET", &format!("{A}/agents"), None, Some("wrong")).await;
+    assert_eq!(s, StatusCode::UNAUTHORIZED);
+    let (s, _) = call_with(&h.router, "GET", &format!("{A}/agents"), None, Some("test-master-kez")).await;
+    assert_eq!(s, StatusCode::UNAUTHORIZED);
+    let (s, _) = call_with(&h.router, "GET", "/api/v1/secrets", None, None).await;
+    assert_eq!(s, StatusCode::UNAUTHORIZED);
+    let (s, v) = call(&h.router, "GET", "/nope", None).await;
+    assert_eq!(s, StatusCode::NOT_FOUND);
+    assert!(v["error"].is_string());
+    let (s, v) = call_with(&h.router, "GET", "/metrics", None, None).await;
+    assert_eq!(s, StatusCode::OK);
+    assert!(v.as_str().unwrap().contains("lap_sessions_created_total"));
+}
+
+async fn agents_crud(h: &Harness) {
+    let r = &h.router;
+    let name = unique("coder");
+    let (s, v) = call(
+        r,
+        "POST",
+        &format!("{A}/agents"),
+        Some(
+            json!({"name": name, "harness_id": "claude-code", "model": "claude-sonnet-4-5",
+                    "env_vars": {"GITHUB_TOKEN": "ghp_REALVALUE123"}}),
+        ),
+    )
+    .await;
+    assert_eq!(s, StatusCode::CREATED, "{v}");
+    let id = v["id"].as_str().unwrap().to_owned();
+    assert_eq!(v["env_vars"]["GITHUB_TOKEN"], "<redacted>");
+    assert!(!v.to_string().contains("REALVALUE"));
+
+    let (s, v) = call(r, "GET", &format!("{A}/agents/{id}"), None).await;
+    assert_eq!(s, StatusCode::OK);
+    assert_eq!(v["name"], name.as_str());
+    assert_eq!(v["env_vars"]["GITHUB_TOKEN"], "<redacted>");
+
+    // Duplicate name.
+    let (s, v) = call(
+        r,
+        "POST",
+        &format!("{A}/agents"),
+        Some(json!({"name": name, "harness_id": "codex"})),
+    )
+    .await;
+    assert_eq!(s, StatusCode::CONFLICT, "{v}");
+
+    // Validation names the field.
+    let (s, v) = call(
+        r,
+        "POST",
+        &format!("{A}/agents"),
+        Some(json!({"name": "x", "harness_id": "vim"})),
+    )
+    .await;
+    assert_eq!(s, StatusCode::BAD_REQUEST);
+    assert!(v["error"].as_str().unwrap().contains("harness_id"), "{v}");
+    let (s, v) = call(
+        r,
+        "POST",
+        &format!("{A}/agents"),
+        Some(json!({"name": "x", "harness_id": "codex", "bogus": 1})),
+    )
+    .await;
+    assert_eq!(s, StatusCode::BAD_REQUEST);
+    assert!(v["error"].as_str().unwrap().contains("bogus"), "{v}");
+    let (s, v) = call(
+        r,
+        "POST",
+        &format!("{A}/agents"),
+        Some(json!({"name": "y", "harness_id": "codex", "env_vars": {"PORT": "1"}})),
+    )
+    .await;
+    assert_eq!(s, StatusCode::BAD_REQUEST);
+    assert!(v["error"].as_str().unwrap().contains("env_vars.PORT"), "{v}");
+    let (s, v) = call(
+        r,
+        "POST",
+        &format!("{A}/agents"),
+        Some(json!({"name": "z", "harness_id": "codex", "secrets": ["NOPE"]})),
+    )
+    .await;
+    assert_eq!(s, StatusCode::BAD_REQUEST);
+    assert!(v["error"].as_str().unwrap().contains("secrets[0]"), "{v}");
+
+    // PATCH keeps a redacted value and changes others.
+    let (s, v) = call(
+        r,
+        "PATCH",
+        &format!("{A}/agents/{id}"),
+        Some(json!({"model": "other", "env_vars": {"GITHUB_TOKEN": "<redacted>", "GH_TOKEN": "ghp_NEW"}})),
+    )
+    .await;
+    assert_eq!(s, StatusCode::OK, "{v}");
+    assert_eq!(v["model"], "other");
+    let agent = h.app.get_agent(&id).await.unwrap();
+    assert_eq!(agent.env_vars["GITHUB_TOKEN"], "ghp_REALVALUE123");
+    assert_eq!(agent.env_vars["GH_TOKEN"], "ghp_NEW");
+
+    // Pagination.
+    for i in 0..3 {
+        let (s, _) = call(
+            r,
+            "POST",
+            &format!("{A}/agents"),
+            Some(json!({"name": unique(&format!("p{i}")), "harness_id": "opencode"})),
+        )
+        .await;
+        assert_eq!(s, StatusCode::CREATED);
+    }
+    let (s, v) = call(r, "GET", &format!("{A}/agents?limit=2&offset=1"), None).await;
+    assert_eq!(s, StatusCode::OK);
+    assert_eq!(v["limit"], 2);
+    assert_eq!(v["offset"], 1);
+    assert!(v["total"].as_i64().unwrap() >= 4);
+    assert_eq!(v["data"].as_array().unwrap().len(), 2);
+    let (_, v) = call(r, "GET", &format!("{A}/agents?limit=1000"), None).await;
+    assert_eq!(v["limit"], 200);
+    let (s, v) = call(r, "GET", &format!("{A}/agents?limit=0"), None).await;
+    assert_eq!(s, StatusCode::BAD_REQUEST);
+    assert!(v["error"].as_str().unwrap().contains("limit"));
+    let (s, _) = call(r, "GET", &format!("{A}/agents?limit=abc"), None).await;
+    assert_eq!(s, StatusCode::BAD_REQUEST);
+
+    // Delete.
+    let (s, _) = call(r, "DELETE", &format!("{A}/agents/{id}"), None).await;
+    assert_eq!(s, StatusCode::NO_CONTENT);
+    let (s, v) = call(r, "GET", &format!("{A}/agents/{id}"), None).await;
+    assert_eq!(s, StatusCode::NOT_FOUND);
+    assert!(v["error"].as_str().unwrap().contains(&id));
+}
+
+async fn secrets_registry(h: &Harness) {
+    let r = &h.router;
+    let name = format!("REG_{}", lap_control_plane::app::new_id("s").replace('-', "_"));
+    let (s, v) = call(
+        r,
+        "POST",
+        "/api/v1/secrets",
+        Some(json!({"name": name, "value": "sk-REGISTRYVALUE", "hosts": ["api.example.com"]})),
+    )
+    .await;
+    assert_eq!(s, StatusCode::CREATED, "{v}");
+    assert_eq!(v["value"], "<redacted>");
+    let (s, _) = call(
+        r,
+        "POST",
+        "/api/v1/secrets",
+        Some(json!({"name": name, "value": "x", "hosts": ["api.example.com"]})),
+    )
+    .await;
+    assert_eq!(s, StatusCode::CONFLICT);
+    let (s, v) = call(
+        r,
+        "POST",
+        "/api/v1/secrets",
+        Some(json!({"name": "B", "value": "x", "hosts": ["bad host"]})),
+    )
+    .await;
+    assert_eq!(s, StatusCode::BAD_REQUEST);
+    assert!(v["error"].as_str().unwrap().contains("hosts[0]"), "{v}");
+    let (s, v) = call(
+        r,
+        "PUT",
+        &format!("/api/v1/secrets/{name}"),
+        Some(json!({"value": "sk-ROTATED", "hosts": ["api.example.com"], "locations": ["header", "body"]})),
+    )
+    .await;
+    assert_eq!(s, StatusCode::OK, "{v}");
+    assert_eq!(v["locations"], json!(["header", "body"]));
+    assert_eq!(h.app.get_secret(&name).await.unwrap().value, "sk-ROTATED");
+    let (s, v) = call(r, "GET", "/api/v1/secrets?limit=200", None).await;
+    assert_eq!(s, StatusCode::OK);
+    assert!(v["data"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .any(|s| s["name"] == name.as_str() && s["value"] == "<redacted>"));
+    assert!(!v.to_string().contains("ROTATED"));
+    let (s, _) = call(r, "DELETE", &format!("/api/v1/secrets/{name}"), None).await;
+    assert_eq!(s, StatusCode::NO_CONTENT);
+    let (s, _) = call(r, "GET", &format!("/api/v1/secrets/{name}"), None).await;
+    assert_eq!(s, StatusCode::NOT_FOUND);
+}
+
+async fn wait_status(r: &Router, id: &str, want: &str) -> Value {
+    let deadline = Instant::now() + Duration::from_secs(30);
+    loop {
+        let (_, v) = call(r, "GET", &format!("{A}/sessions/{id}"), None).await;
+        if v["status"] == want {
+            return v;
+        }
+        assert!(Instant::now() < deadline, "session never reached {want}: {v}");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}
+
+async fn sessions(h: &Harness) {
+    let r = &h.router;
+    let (_, agent) = call(
+        r,
+        "POST",
+        &format!("{A}/agents"),
+        Some(json!({"name": unique("s"), "harness_id": "claude-code"})),
+    )
+    .await;
+    let aid = agent["id"].as_str().unwrap().to_owned();
+
+    // env_vars violations: each a 400 naming the key.
+    for (vars, hosts, needle) in [
+        (json!({"HTTPS_PROXY": "x"}), json!({}), "env_vars.HTTPS_PROXY"),
+        (json!({"LAP_X": "x"}), json!({}), "env_vars.LAP_X"),
+        (json!({"1BAD": "x"}), json!({}), "env_vars.1BAD"),
+        (json!({"MY_TOKEN": "x"}), json!({}), "env_vars.MY_TOKEN"),
+        (
+            json!({"MY_TOKEN": "x"}),
+            json!({"MY_TOKEN": ["not a host"]}),
+            "env_var_hosts.MY_TOKEN[0]",
+        ),
+    ] {
+        let (s, v) = call(
+            r,
+            "POST",
+            &format!("{A}/agents/{aid}/session"),
+            Some(json!({"env_vars": vars, "env_var_hosts": hosts})),
+        )
+        .await;
+        assert_eq!(s, StatusCode::BAD_REQUEST, "{v}");
+        assert!(v["error"].as_str().unwrap().contains(needle), "{needle}: {v}");
+    }
+    let many: serde_json::Map<String, Value> = (0..51).map(|i| (format!("K{i}"), json!("v"))).collect();
+    let (s, v) = call(
+        r,
+        "POST",
+        &format!("{A}/agents/{aid}/session"),
+        Some(json!({"env_vars": many})),
+    )
+    .await;
+    assert_eq!(s, StatusCode::BAD_REQUEST);
+    assert!(v["error"].as_str().unwrap().starts_with("env_vars:"), "{v}");
+    let (s, _) = call(r, "POST", &format!("{A}/agents/nope/session"), None).await;
+    assert_eq!(s, StatusCode::NOT_FOUND);
+
+    // Create: 201 creating at once; the backend cannot start the sidecar, so it fails with why.
+    let real = "sk-ant-api03-PERSESSIONREALVALUE";
+    let (s, v) = call(
+        r,
+        "POST",
+        &format!("{A}/agents/{aid}/session"),
+        Some(json!({"title": "t", "env_vars": {"ANTHROPIC_API_KEY": real}})),
+    )
+    .await;
+    assert_eq!(s, StatusCode::CREATED, "{v}");
+    assert_eq!(v["status"], "creating");
+    assert_eq!(v["agent_id"], aid.as_str());
+    assert!(v["tty_token"].as_str().unwrap().len() >= 32);
+    let sid = v["id"].as_str().unwrap().to_owned();
+    let v = wait_status(r, &sid, "failed").await;
+    assert!(v["failure_reason"].as_str().unwrap().contains("vault-sidecar"), "{v}");
+
+    let (s, v) = call(
+        r,
+        "POST",
+        &format!("{A}/sessions/{sid}/message"),
+        Some(json!({"text": "hi"})),
+    )
+    .await;
+    assert_eq!(s, StatusCode::CONFLICT, "{v}");
+
+    let (s, v) = call(r, "GET", &format!("{A}/sessions?agent_id={aid}"), None).await;
+    assert_eq!(s, StatusCode::OK);
+    assert_eq!(v["total"], 1);
+    assert_eq!(v["data"][0]["id"], sid.as_str());
+
+    // DELETE is idempotent and ends dead.
+    for _ in 0..2 {
+        let (s, v) = call(r, "DELETE", &format!("{A}/sessions/{sid}"), None).await;
+        assert_eq!(s, StatusCode::OK);
+        assert_eq!(v["status"], "dead");
+        assert!(v["stopped_at"].is_string());
+    }
+    let (s, _) = call(r, "DELETE", &format!("{A}/sessions/nope"), None).await;
+    assert_eq!(s, StatusCode::NOT_FOUND);
+}
+
+#[tokio::test]
+async fn sqlite_agents_crud() {
+    agents_crud(&setup(None).await).await;
+}
+
+#[tokio::test]
+async fn sqlite_secrets_registry() {
+    secrets_registry(&setup(None).await).await;
+}
+
+#[tokio::test]
+async fn sqlite_sessions() {
+    let h = setup(None).await;
+    sessions(&h).await;
+    // Neither per-session values nor agent secrets are stored in clear.
+    let db = std::fs::read(h.dir.path().join("t.db")).unwrap();
+    let text = String::from_utf8_lossy(&db);
+    assert!(!text.contains("PERSESSIONREALVALUE"));
+    assert!(!text.contains("sk-ant-api03"));
+}
+
+#[tokio::test]
+async fn sqlite_encrypted_at_rest() {
+    let h = setup(None).await;
+    let (s, _) = call(
+        &h.router,
+        "POST",
+        &format!("{A}/agents"),
+        Some(json!({"name": "enc", "harness_id": "codex", "env_vars": {"OPENAI_API_KEY": "sk-AGENTLEVELREAL"}})),
+    )
+    .await;
+    assert_eq!(s, StatusCode::CREATED);
+    let (s, _) = call(
+        &h.router,
+        "POST",
+        "/api/v1/secrets",
+        Some(json!({"name": "REG", "value": "REGISTRYREALVALUE", "hosts": ["x.example"]})),
+    )
+    .await;
+    assert_eq!(s, StatusCode::CREATED);
+    let db = std::fs::read(h.dir.path().join("t.db")).unwrap();
+    let text = String::from_utf8_lossy(&db);
+    assert!(!text.contains("AGENTLEVELREAL") && !text.contains("REGISTRYREALVALUE"));
+}
+
+/// The same checks on a real Postgres (`.ci/run` sets `LAP_TEST_DATABASE_URL`).
+#[tokio::test]
+async fn postgres_all() {
+    let Ok(url) = std::env::var("LAP_TEST_DATABASE_URL") else {
+        eprintln!("skipping postgres_all: LAP_TEST_DATABASE_URL is not set");
+        return;
+    };
+    let h = setup(Some(url)).await;
+    agents_crud(&h).await;
+    secrets_registry(&h).await;
+    sessions(&h).await;
+}
