@@ -1,0 +1,373 @@
+//! Spawning the `vault-sidecar` binary with a TOML config (SPEC §2.1) and talking to its admin port.
+
+use std::net::{SocketAddr, TcpListener as StdListener};
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+use super::{
+    Upstream, ALL_REALS, ANTHROPIC_REAL, ANTHROPIC_STUB, BODY_REAL, BODY_STUB, GITHUB_REAL, GITHUB_STUB, QUERY_REAL,
+    QUERY_STUB, UPSTREAM_HOSTS,
+};
+
+/// Path of the binary under test.
+pub const SIDECAR_BIN: &str = env!("CARGO_BIN_EXE_vault-sidecar");
+
+/// One `[[secrets]]` entry.
+#[derive(Clone, Debug)]
+pub struct SecretSpec {
+    pub name: String,
+    pub stub: String,
+    pub value: String,
+    pub hosts: Vec<String>,
+    pub locations: Vec<String>,
+}
+
+impl SecretSpec {
+    pub fn new(name: &str, stub: &str, value: &str, hosts: &[&str], locations: &[&str]) -> Self {
+        Self {
+            name: name.into(),
+            stub: stub.into(),
+            value: value.into(),
+            hosts: hosts.iter().map(|s| s.to_string()).collect(),
+            locations: locations.iter().map(|s| s.to_string()).collect(),
+        }
+    }
+}
+
+/// Everything the tests vary in the sidecar config; `listen`, `admin_listen` and `ca_cert_path` are filled in
+/// by [`Sidecar::start`].
+#[derive(Clone, Debug, Default)]
+pub struct SidecarConfig {
+    /// `None`: key omitted (default "bound-hosts").
+    pub intercept: Option<String>,
+    /// `host:port` -> `addr:port`.
+    pub resolve: Vec<(String, String)>,
+    pub upstream_ca_files: Vec<PathBuf>,
+    pub egress_allow: Vec<String>,
+    pub egress_deny: Vec<String>,
+    pub secrets: Vec<SecretSpec>,
+}
+
+impl SidecarConfig {
+    /// The standard test config: every upstream host mapped to `upstream` (443 → TLS, 80 → cleartext), the
+    /// upstream CA trusted, and four secrets:
+    /// ANTHROPIC_API_KEY (api.anthropic.com, header), GITHUB_TOKEN (github.com + api.github.com, header),
+    /// QUERY_TOKEN (api.anthropic.com, query), BODY_TOKEN (api.anthropic.com, body).
+    pub fn standard(upstream: &Upstream) -> Self {
+        let mut resolve = Vec::new();
+        for h in UPSTREAM_HOSTS {
+            resolve.push((format!("{h}:443"), upstream.tls_addr.to_string()));
+            resolve.push((format!("{h}:80"), upstream.plain_addr.to_string()));
+        }
+        Self {
+            intercept: None,
+            resolve,
+            upstream_ca_files: vec![upstream.ca_pem_path.clone()],
+            egress_allow: Vec::new(),
+            egress_deny: Vec::new(),
+            secrets: vec![
+                SecretSpec::new(
+                    "ANTHROPIC_API_KEY",
+                    ANTHROPIC_STUB,
+                    ANTHROPIC_REAL,
+                    &["api.anthropic.com"],
+                    &["header"],
+                ),
+                SecretSpec::new(
+                    "GITHUB_TOKEN",
+                    GITHUB_STUB,
+                    GITHUB_REAL,
+                    &["github.com", "api.github.com"],
+                    &["header"],
+                ),
+                SecretSpec::new(
+                    "QUERY_TOKEN",
+                    QUERY_STUB,
+                    QUERY_REAL,
+                    &["api.anthropic.com"],
+                    &["query"],
+                ),
+                SecretSpec::new("BODY_TOKEN", BODY_STUB, BODY_REAL, &["api.anthropic.com"], &["body"]),
+            ],
+        }
+    }
+
+    /// Renders the TOML file.
+    pub fn to_toml(&self, listen: SocketAddr, admin: SocketAddr, ca_path: &Path) -> String {
+        let mut root = toml::Table::new();
+        root.insert("listen".into(), listen.to_string().into());
+        root.insert("admin_listen".into(), admin.to_string().into());
+        root.insert("ca_cert_path".into(), ca_path.to_string_lossy().to_string().into());
+        root.insert(
+            "upstream_ca_files".into(),
+            toml::Value::Array(
+                self.upstream_ca_files
+                    .iter()
+                    .map(|p| p.to_string_lossy().to_string().into())
+                    .collect(),
+            ),
+        );
+        if let Some(i) = &self.intercept {
+            root.insert("intercept".into(), i.clone().into());
+        }
+        let mut resolve = toml::Table::new();
+        for (k, v) in &self.resolve {
+            resolve.insert(k.clone(), v.clone().into());
+        }
+        root.insert("resolve".into(), resolve.into());
+        let mut egress = toml::Table::new();
+        let arr = |v: &Vec<String>| toml::Value::Array(v.iter().map(|s| toml::Value::from(s.clone())).collect());
+        egress.insert("allow".into(), arr(&self.egress_allow));
+        egress.insert("deny".into(), arr(&self.egress_deny));
+        root.insert("egress".into(), egress.into());
+        let secrets: Vec<toml::Value> = self
+            .secrets
+            .iter()
+            .map(|s| {
+                let mut t = toml::Table::new();
+                t.insert("name".into(), s.name.clone().into());
+                t.insert("stub".into(), s.stub.clone().into());
+                t.insert("value".into(), s.value.clone().into());
+                t.insert("hosts".into(), arr(&s.hosts));
+                t.insert("locations".into(), arr(&s.locations));
+                toml::Value::Table(t)
+            })
+            .collect();
+        root.insert("secrets".into(), toml::Value::Array(secrets));
+        toml::to_string(&root).expect("render sidecar toml")
+    }
+}
+
+/// Picks a free loopback port by binding port 0 and dropping the listener.
+pub fn free_port() -> SocketAddr {
+    let l = StdListener::bind("127.0.0.1:0").expect("bind port 0");
+    l.local_addr().expect("local addr")
+}
+
+/// A running sidecar process; killed on drop.
+pub struct Sidecar {
+    pub proxy: SocketAddr,
+    pub admin: SocketAddr,
+    /// Where the sidecar wrote its CA certificate.
+    pub ca_path: PathBuf,
+    pub config_path: PathBuf,
+    pub dir: tempfile::TempDir,
+    pub stdout_path: PathBuf,
+    pub stderr_path: PathBuf,
+    child: Child,
+}
+
+impl Drop for Sidecar {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+/// A raw HTTP response read off a socket.
+#[derive(Clone, Debug, Default)]
+pub struct RawResponse {
+    /// Status line and header lines exactly as received, up to and including the blank line.
+    pub head: String,
+    pub version: String,
+    pub status: u16,
+    pub headers: Vec<(String, String)>,
+    pub body: Vec<u8>,
+    /// Whether the body came with `Transfer-Encoding: chunked`.
+    pub chunked: bool,
+}
+
+impl RawResponse {
+    pub fn header(&self, name: &str) -> Option<&str> {
+        self.headers
+            .iter()
+            .find(|(k, _)| k.eq_ignore_ascii_case(name))
+            .map(|(_, v)| v.as_str())
+    }
+    pub fn body_text(&self) -> String {
+        String::from_utf8_lossy(&self.body).to_string()
+    }
+}
+
+impl Sidecar {
+    /// Writes the config into a fresh temp dir, starts the binary and waits (polling `/readyz` with a
+    /// deadline) until it is ready. Retries with new ports if the picked ones were taken meanwhile.
+    pub async fn start(cfg: SidecarConfig) -> Sidecar {
+        let mut last_err = String::new();
+        for _attempt in 0..5 {
+            match Self::try_start(&cfg).await {
+                Ok(s) => return s,
+                Err((msg, retry)) => {
+                    if !retry {
+                        panic!("{msg}");
+                    }
+                    last_err = msg;
+                }
+            }
+        }
+        panic!("sidecar never started: {last_err}");
+    }
+
+    async fn try_start(cfg: &SidecarConfig) -> Result<Sidecar, (String, bool)> {
+        let dir = tempfile::tempdir().expect("sidecar tempdir");
+        let listen = free_port();
+        let admin = free_port();
+        let ca_path = dir.path().join("ca.pem");
+        let config_path = dir.path().join("sidecar.toml");
+        std::fs::write(&config_path, cfg.to_toml(listen, admin, &ca_path)).expect("write config");
+        let stdout_path = dir.path().join("stdout.log");
+        let stderr_path = dir.path().join("stderr.log");
+        let stdout = std::fs::File::create(&stdout_path).expect("stdout file");
+        let stderr = std::fs::File::create(&stderr_path).expect("stderr file");
+        let child = Command::new(SIDECAR_BIN)
+            .arg("--config")
+            .arg(&config_path)
+            .env("RUST_LOG", "info")
+            .env("LAP_LOG", "info")
+            .stdin(Stdio::null())
+            .stdout(stdout)
+            .stderr(stderr)
+            .spawn()
+            .expect("spawn vault-sidecar");
+        let mut sc = Sidecar {
+            proxy: listen,
+            admin,
+            ca_path,
+            config_path,
+            dir,
+            stdout_path,
+            stderr_path,
+            child,
+        };
+        let deadline = Instant::now() + Duration::from_secs(30);
+        loop {
+            if let Ok(Some(status)) = sc.child.try_wait() {
+                let logs = sc.logs();
+                let retry = logs.to_ascii_lowercase().contains("address already in use")
+                    || logs.to_ascii_lowercase().contains("addrinuse");
+                return Err((
+                    format!("vault-sidecar exited before ready ({status}); output:\n{logs}"),
+                    retry,
+                ));
+            }
+            if let Ok(Ok(r)) = tokio::time::timeout(Duration::from_secs(2), raw_get(sc.admin, "/readyz", &[])).await {
+                if r.status == 200 {
+                    return Ok(sc);
+                }
+            }
+            if Instant::now() > deadline {
+                return Err((
+                    format!(
+                        "vault-sidecar not ready on http://{}/readyz within 30 s; output:\n{}",
+                        sc.admin,
+                        sc.logs()
+                    ),
+                    false,
+                ));
+            }
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+    }
+
+    pub fn pid(&self) -> u32 {
+        self.child.id()
+    }
+
+    /// `http://127.0.0.1:PORT`, for HTTPS_PROXY / --proxy.
+    pub fn proxy_url(&self) -> String {
+        format!("http://{}", self.proxy)
+    }
+
+    /// Captured stdout (JSON log lines).
+    pub fn stdout(&self) -> String {
+        std::fs::read_to_string(&self.stdout_path).unwrap_or_default()
+    }
+
+    pub fn stderr(&self) -> String {
+        std::fs::read_to_string(&self.stderr_path).unwrap_or_default()
+    }
+
+    /// stdout and stderr, for failure messages.
+    pub fn logs(&self) -> String {
+        format!("--- stdout ---\n{}\n--- stderr ---\n{}", self.stdout(), self.stderr())
+    }
+
+    /// stdout lines that parse as JSON objects.
+    pub fn log_json(&self) -> Vec<serde_json::Value> {
+        self.stdout()
+            .lines()
+            .filter_map(|l| serde_json::from_str::<serde_json::Value>(l).ok())
+            .filter(|v| v.is_object())
+            .collect()
+    }
+
+    /// Panics if any real value appears anywhere in the sidecar's output.
+    pub fn assert_logs_clean(&self) {
+        let logs = self.logs();
+        for real in ALL_REALS {
+            assert!(
+                !logs.contains(real),
+                "a real secret value appears in the sidecar's logs:\n{logs}"
+            );
+        }
+    }
+
+    /// The sidecar's peak resident set (VmHWM) in KiB.
+    pub fn vm_hwm_kib(&self) -> u64 {
+        let status = std::fs::read_to_string(format!("/proc/{}/status", self.pid())).expect("proc status");
+        status
+            .lines()
+            .find_map(|l| l.strip_prefix("VmHWM:"))
+            .and_then(|v| v.trim().trim_end_matches("kB").trim().parse().ok())
+            .expect("VmHWM in /proc/PID/status")
+    }
+
+    /// `GET path` on the admin port.
+    pub async fn admin_get(&self, path: &str) -> RawResponse {
+        super::within(Duration::from_secs(10), "admin GET", raw_get(self.admin, path, &[]))
+            .await
+            .expect("admin GET")
+    }
+
+    /// The sidecar's CA certificate PEM as written to `ca_cert_path`.
+    pub fn ca_pem(&self) -> String {
+        std::fs::read_to_string(&self.ca_path).expect("read sidecar CA")
+    }
+}
+
+/// Plain `GET` over a fresh connection (`Connection: close`).
+pub async fn raw_get(addr: SocketAddr, path: &str, headers: &[(&str, &str)]) -> std::io::Result<RawResponse> {
+    use tokio::io::AsyncWriteExt as _;
+    let mut s = tokio::net::TcpStream::connect(addr).await?;
+    let mut req = format!("GET {path} HTTP/1.1\r\nHost: {addr}\r\nConnection: close\r\n");
+    for (k, v) in headers {
+        req.push_str(&format!("{k}: {v}\r\n"));
+    }
+    req.push_str("\r\n");
+    s.write_all(req.as_bytes()).await?;
+    let mut r = tokio::io::BufReader::new(s);
+    super::read_response(&mut r, false).await
+}
+
+/// Runs `vault-sidecar <args>` to completion (for `check`), with a deadline.
+pub async fn run_sidecar_cmd(args: &[&str]) -> std::process::Output {
+    let fut = tokio::process::Command::new(SIDECAR_BIN)
+        .args(args)
+        .stdin(Stdio::null())
+        .kill_on_drop(true)
+        .output();
+    super::within(Duration::from_secs(30), "vault-sidecar command", fut)
+        .await
+        .expect("run vault-sidecar")
+}
+
+/// Keeps real values and stubs visible in one place for failure messages.
+pub fn secret_table() -> [(&'static str, &'static str); 4] {
+    [
+        (ANTHROPIC_STUB, ANTHROPIC_REAL),
+        (GITHUB_STUB, GITHUB_REAL),
+        (QUERY_STUB, QUERY_REAL),
+        (BODY_STUB, BODY_REAL),
+    ]
+}
