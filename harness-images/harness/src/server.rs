@@ -1,0 +1,119 @@
+//! The harness's HTTP server: `GET /healthz`, `POST /message`, `POST /message_stream`, all but
+//! `/healthz` behind `Authorization: Bearer <HARNESS_AUTH_TOKEN>`. Messages run one at a time.
+
+use std::path::PathBuf;
+use std::sync::Arc;
+
+use axum::extract::{Request, State};
+use axum::http::{header, StatusCode};
+use axum::middleware::{self, Next};
+use axum::response::sse::{Event, Sse};
+use axum::response::{IntoResponse, Response};
+use axum::routing::{get, post};
+use axum::{Json, Router};
+use futures_util::stream::{self, Stream};
+use serde::Deserialize;
+use tokio::sync::Mutex;
+
+use crate::agent::{self, AgentKind};
+
+/// What the server needs.
+#[derive(Debug)]
+pub struct Harness {
+    pub kind: AgentKind,
+    pub harness_id: String,
+    pub bin: PathBuf,
+    pub token: String,
+    pub model: Option<String>,
+    pub prompt: Option<String>,
+    /// The conversation to resume; the lock also serialises messages.
+    pub conversation: Mutex<Option<String>>,
+}
+
+#[derive(Debug, Deserialize)]
+struct MessageIn {
+    text: String,
+}
+
+fn error(status: StatusCode, msg: impl Into<String>) -> Response {
+    (status, Json(serde_json::json!({ "error": msg.into() }))).into_response()
+}
+
+/// The router.
+pub fn router(h: Arc<Harness>) -> Router {
+    let authed = Router::new()
+        .route("/message", post(message))
+        .route("/message_stream", post(message_stream))
+        .route_layer(middleware::from_fn_with_state(h.clone(), require_token));
+    Router::new()
+        .route("/healthz", get(healthz))
+        .merge(authed)
+        .with_state(h)
+}
+
+async fn require_token(State(h): State<Arc<Harness>>, req: Request, next: Next) -> Response {
+    use subtle::ConstantTimeEq;
+    let presented = req
+        .headers()
+        .get(header::AUTHORIZATION)
+        .and_then(|v| v.to_str().ok())
+        .and_then(|v| v.strip_prefix("Bearer "))
+        .unwrap_or_default();
+    let ok = presented.len() == h.token.len() && bool::from(presented.as_bytes().ct_eq(h.token.as_bytes()));
+    if ok {
+        next.run(req).await
+    } else {
+        error(StatusCode::UNAUTHORIZED, "missing or wrong harness token")
+    }
+}
+
+async fn healthz(State(h): State<Arc<Harness>>) -> Json<serde_json::Value> {
+    Json(serde_json::json!({ "status": "ok", "harness_id": h.harness_id }))
+}
+
+async fn run(h: &Harness, text: &str) -> Result<String, agent::AgentError> {
+    let mut conv = h.conversation.lock().await;
+    let reply = agent::run_once(
+        h.kind,
+        &h.bin,
+        text,
+        conv.as_deref(),
+        h.model.as_deref(),
+        h.prompt.as_deref(),
+    )
+    .await?;
+    if reply.conversation.is_some() {
+        *conv = reply.conversation.clone();
+    }
+    Ok(reply.text)
+}
+
+async fn message(State(h): State<Arc<Harness>>, Json(m): Json<MessageIn>) -> Response {
+    match run(&h, &m.text).await {
+        Ok(text) => Json(serde_json::json!({ "parts": [{ "type": "text", "text": text }] })).into_response(),
+        Err(e) => {
+            tracing::warn!(error = %e, "message failed");
+            error(StatusCode::BAD_GATEWAY, e.to_string())
+        }
+    }
+}
+
+/// SSE: a `message` event with the parts once the agent answers (or an `error` event).
+async fn message_stream(State(h): State<Arc<Harness>>, Json(m): Json<MessageIn>) -> Response {
+    let stream = async_stream(h, m.text);
+    Sse::new(stream).into_response()
+}
+
+fn async_stream(h: Arc<Harness>, text: String) -> impl Stream<Item = Result<Event, std::convert::Infallible>> {
+    stream::once(async move {
+        let ev = match run(&h, &text).await {
+            Ok(t) => Event::default()
+                .event("message")
+                .json_data(serde_json::json!({ "parts": [{ "type": "text", "text": t }] })),
+            Err(e) => Event::default()
+                .event("error")
+                .json_data(serde_json::json!({ "error": e.to_string() })),
+        };
+        Ok(ev.unwrap_or_else(|_| Event::default().event("error")))
+    })
+}
