@@ -26,8 +26,8 @@ req.on('connect', (res, socket) => {
     socket, servername: 'api.anthropic.com', ca: fs.readFileSync(caPath), ALPNProtocols: ['http/1.1'],
   }, () => {
     const r = http.request({
-      createConnection: () => t, host: 'api.anthropic.com', path: '/echo', method: 'GET',
-      headers: { 'x-api-key': stub },
+      createConnection: () => t, host: 'api.anthropic.com', port: 443, path: '/echo', method: 'GET',
+      setHost: false, headers: { host: 'api.anthropic.com', 'x-api-key': stub },
     }, (resp) => {
       let body = '';
       resp.on('data', (d) => { body += d; });

@@ -1,0 +1,393 @@
+//! Real agent CLIs through the vault sidecar (SPEC §2.2, §2.3): `claude -p` and `codex exec` run with exactly the
+//! environment a harness is given (proxy variables, the pod CA, each secret's name holding its stub) and talk to
+//! `https://api.anthropic.com` / `https://api.openai.com` as they would in production. The sidecar's `[resolve]`
+//! table sends both hosts to local stand-ins ([`standin::StandIn`]) that only accept the *real* keys, so a CLI can
+//! only get its reply if the sidecar swapped the stub on the way out.
+//!
+//! Each test asserts on what the stand-in itself recorded (the sidecar redacts real values back to stubs in
+//! responses, so echoes prove nothing): the real key arrived, the stub never did, and `/interceptions` names the
+//! secret as injected.
+//!
+//! The CLIs are required: a missing one fails the test with the install command (CI installs them). Set
+//! `LAP_SKIP_AGENT_CLIS=1` to skip instead.
+
+mod support;
+
+#[path = "agents/standin.rs"]
+mod standin;
+
+use std::path::{Path, PathBuf};
+use std::process::Stdio;
+use std::time::Duration;
+
+use serde_json::Value;
+use standin::{StandIn, ANTHROPIC_HOST, ANTHROPIC_REPLY, OPENAI_HOST, OPENAI_REPLY};
+use support::{SecretSpec, Sidecar, SidecarConfig, ANTHROPIC_REAL, ANTHROPIC_STUB};
+
+/// Secret bound to api.openai.com, swapped in headers.
+const OPENAI_STUB: &str = "sk-proj-lapstub-3e5a7c9b1d2f4a6c8e0b";
+const OPENAI_REAL: &str = "sk-proj-REALKEY-6b4d2f0a8c1e3b5d7f9a-secret";
+
+/// How long one CLI invocation may take (they start slowly on a loaded 2-core machine).
+const CLI_DEADLINE: Duration = Duration::from_secs(180);
+
+// ---------------------------------------------------------------------------------------------------------------
+// Finding the CLIs
+// ---------------------------------------------------------------------------------------------------------------
+
+/// The CLI's path on `PATH`; a missing CLI fails the test with the install command, unless `LAP_SKIP_AGENT_CLIS=1`
+/// (then `None`: the caller returns, having printed why).
+fn require_cli(name: &str, npm_package: &str) -> Option<PathBuf> {
+    let path = std::env::var_os("PATH").unwrap_or_default();
+    if let Some(found) = std::env::split_paths(&path)
+        .map(|d| d.join(name))
+        .find(|p| p.is_file())
+    {
+        return Some(found);
+    }
+    if std::env::var("LAP_SKIP_AGENT_CLIS").as_deref() == Ok("1") {
+        eprintln!(
+            "SKIPPED: `{name}` is not on PATH and LAP_SKIP_AGENT_CLIS=1; install it with \
+             `npm install -g {npm_package}` to run this test"
+        );
+        return None;
+    }
+    panic!(
+        "`{name}` is not on PATH: this test drives the real CLI through the sidecar. Install it with \
+         `npm install -g {npm_package}` (CI does), or set LAP_SKIP_AGENT_CLIS=1 to skip the agent CLI tests"
+    );
+}
+
+// ---------------------------------------------------------------------------------------------------------------
+// Setup
+// ---------------------------------------------------------------------------------------------------------------
+
+/// Stand-in plus a sidecar that resolves both model API hosts to it, trusts its CA, binds ANTHROPIC_API_KEY and
+/// OPENAI_API_KEY to their hosts, and lets nothing else out (so a CLI's stray traffic never reaches the internet).
+async fn setup(websocket: bool) -> (StandIn, Sidecar) {
+    let standin = StandIn::start(ANTHROPIC_REAL, OPENAI_REAL, websocket).await;
+    let cfg = SidecarConfig {
+        resolve: vec![
+            (format!("{ANTHROPIC_HOST}:443"), standin.addr.to_string()),
+            (format!("{OPENAI_HOST}:443"), standin.addr.to_string()),
+        ],
+        upstream_ca_files: vec![standin.ca_pem_path.clone()],
+        egress_allow: vec![ANTHROPIC_HOST.to_string(), OPENAI_HOST.to_string()],
+        secrets: vec![
+            SecretSpec::new(
+                "ANTHROPIC_API_KEY",
+                ANTHROPIC_STUB,
+                ANTHROPIC_REAL,
+                &[ANTHROPIC_HOST],
+                &["header"],
+            ),
+            SecretSpec::new("OPENAI_API_KEY", OPENAI_STUB, OPENAI_REAL, &[OPENAI_HOST], &["header"]),
+        ],
+        ..SidecarConfig::default()
+    };
+    let sidecar = Sidecar::start(cfg).await;
+    (standin, sidecar)
+}
+
+/// The environment a harness is given (SPEC §2.3), for a CLI whose home is `home`. Nothing is inherited from the
+/// test's own environment except `PATH`, so an ambient key or proxy can never make a test pass.
+fn harness_env(sidecar: &Sidecar, home: &Path) -> Vec<(String, String)> {
+    let proxy = sidecar.proxy_url();
+    let no_proxy = "localhost,127.0.0.1,::1".to_string();
+    let bundle = home.join("ca-bundle.pem");
+    let mut pem = std::fs::read_to_string("/etc/ssl/certs/ca-certificates.crt").unwrap_or_default();
+    if !pem.is_empty() && !pem.ends_with('\n') {
+        pem.push('\n');
+    }
+    pem.push_str(&sidecar.ca_pem());
+    std::fs::write(&bundle, pem).expect("write CA bundle");
+    let bundle = bundle.to_string_lossy().to_string();
+    let ca = sidecar.ca_path.to_string_lossy().to_string();
+    let mut env = vec![
+        ("PATH".to_string(), std::env::var("PATH").unwrap_or_default()),
+        ("HOME".to_string(), home.to_string_lossy().to_string()),
+        ("LANG".to_string(), "C.UTF-8".to_string()),
+        ("TERM".to_string(), "dumb".to_string()),
+        ("NODE_EXTRA_CA_CERTS".to_string(), ca),
+    ];
+    for k in ["HTTPS_PROXY", "HTTP_PROXY", "https_proxy", "http_proxy"] {
+        env.push((k.to_string(), proxy.clone()));
+    }
+    for k in ["NO_PROXY", "no_proxy"] {
+        env.push((k.to_string(), no_proxy.clone()));
+    }
+    for k in [
+        "SSL_CERT_FILE",
+        "REQUESTS_CA_BUNDLE",
+        "CURL_CA_BUNDLE",
+        "GIT_SSL_CAINFO",
+        "CARGO_HTTP_CAINFO",
+    ] {
+        env.push((k.to_string(), bundle.clone()));
+    }
+    env
+}
+
+/// Output of a finished CLI.
+struct CliOut {
+    exit: i32,
+    stdout: String,
+    stderr: String,
+}
+
+impl CliOut {
+    fn describe(&self) -> String {
+        format!(
+            "exit {}\n--- stdout ---\n{}\n--- stderr ---\n{}",
+            self.exit, self.stdout, self.stderr
+        )
+    }
+}
+
+/// Runs `program args` in `cwd` with exactly `env`, `stdin` written to its standard input, under [`CLI_DEADLINE`].
+async fn run_cli(program: &Path, args: &[&str], env: &[(String, String)], cwd: &Path, stdin: &str) -> CliOut {
+    use tokio::io::AsyncWriteExt as _;
+    let mut cmd = tokio::process::Command::new(program);
+    cmd.args(args)
+        .env_clear()
+        .envs(env.iter().map(|(k, v)| (k.as_str(), v.as_str())))
+        .current_dir(cwd)
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .kill_on_drop(true);
+    let mut child = cmd
+        .spawn()
+        .unwrap_or_else(|e| panic!("spawn {}: {e}", program.display()));
+    let mut input = child.stdin.take().expect("child stdin");
+    let stdin = stdin.to_string();
+    let writer = tokio::spawn(async move {
+        let _ = input.write_all(stdin.as_bytes()).await;
+        let _ = input.shutdown().await;
+    });
+    let what = format!("{} {args:?}", program.display());
+    let out = support::within(CLI_DEADLINE, &what, child.wait_with_output())
+        .await
+        .unwrap_or_else(|e| panic!("{what}: {e}"));
+    let _ = writer.await;
+    CliOut {
+        exit: out.status.code().unwrap_or(-1),
+        stdout: String::from_utf8_lossy(&out.stdout).to_string(),
+        stderr: String::from_utf8_lossy(&out.stderr).to_string(),
+    }
+}
+
+// ---------------------------------------------------------------------------------------------------------------
+// Shared assertions
+// ---------------------------------------------------------------------------------------------------------------
+
+/// What the stand-in recorded for `host`: the model endpoint `model_path` was called, every call carried `real`,
+/// and `stub` never arrived anywhere (headers, paths, bodies, WebSocket messages) on any host.
+fn assert_upstream_saw_real_only(
+    standin: &StandIn,
+    sidecar: &Sidecar,
+    host: &str,
+    model_path: &str,
+    real: &str,
+    stub: &str,
+    cli: &CliOut,
+) {
+    let seen = standin.seen();
+    let context = || {
+        format!(
+            "stand-in saw:\n{}\nCLI: {}\nsidecar logs:\n{}",
+            standin.summary(),
+            cli.describe(),
+            sidecar.logs()
+        )
+    };
+    let model_calls: Vec<_> = seen
+        .iter()
+        .filter(|s| s.host == host && s.path.split('?').next() == Some(model_path) && s.method != "WS")
+        .collect();
+    assert!(!model_calls.is_empty(), "no call to {host}{model_path} reached the stand-in\n{}", context());
+    for s in &model_calls {
+        assert!(
+            s.contains(real),
+            "{} reached the stand-in without the real key\n{}",
+            s.summary(),
+            context()
+        );
+    }
+    for s in &seen {
+        assert!(
+            !s.contains(stub),
+            "the stub reached the stand-in in {} (headers {:?})\n{}",
+            s.summary(),
+            s.headers,
+            context()
+        );
+    }
+}
+
+/// `/interceptions` has an event for `host` naming `secret` as injected into a header.
+async fn assert_interception(sidecar: &Sidecar, host: &str, secret: &str) -> Vec<Value> {
+    let r = sidecar.admin_get("/interceptions").await;
+    assert_eq!(r.status, 200, "GET /interceptions: {}", r.body_text());
+    let events: Vec<Value> = serde_json::from_slice(&r.body).expect("/interceptions is a JSON array");
+    let hits: Vec<Value> = events
+        .iter()
+        .filter(|e| e["host"] == host)
+        .filter(|e| {
+            e["injected"]
+                .as_array()
+                .is_some_and(|inj| inj.iter().any(|i| i["secret"] == secret && i["location"] == "header"))
+        })
+        .cloned()
+        .collect();
+    assert!(
+        !hits.is_empty(),
+        "/interceptions shows no {secret} injected toward {host}:\n{}",
+        serde_json::to_string_pretty(&events).unwrap_or_default()
+    );
+    hits
+}
+
+// ---------------------------------------------------------------------------------------------------------------
+// Claude Code
+// ---------------------------------------------------------------------------------------------------------------
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn claude_code_print_reaches_the_messages_api_with_the_real_key() {
+    let Some(claude) = require_cli("claude", "@anthropic-ai/claude-code") else {
+        return;
+    };
+    let (standin, sidecar) = setup(false).await;
+    let home = tempfile::tempdir().expect("claude home");
+    let work = tempfile::tempdir().expect("claude workdir");
+    let mut env = harness_env(&sidecar, home.path());
+    env.extend(
+        [
+            ("ANTHROPIC_API_KEY", ANTHROPIC_STUB),
+            ("CLAUDE_CODE_DISABLE_NONESSENTIAL_TRAFFIC", "1"),
+            ("DISABLE_TELEMETRY", "1"),
+            ("DISABLE_AUTOUPDATER", "1"),
+            ("DISABLE_ERROR_REPORTING", "1"),
+        ]
+        .map(|(k, v)| (k.to_string(), v.to_string())),
+    );
+
+    let out = run_cli(
+        &claude,
+        &["-p", "say hi", "--output-format", "json"],
+        &env,
+        work.path(),
+        "",
+    )
+    .await;
+    let context = || {
+        format!(
+            "{}\nstand-in saw:\n{}\nsidecar logs:\n{}",
+            out.describe(),
+            standin.summary(),
+            sidecar.logs()
+        )
+    };
+    assert_eq!(out.exit, 0, "claude -p failed\n{}", context());
+    let result: Value = serde_json::from_str(out.stdout.trim())
+        .unwrap_or_else(|e| panic!("claude --output-format json printed no JSON ({e})\n{}", context()));
+    assert_eq!(result["is_error"], false, "claude reported an error\n{}", context());
+    assert!(
+        result["result"].as_str().is_some_and(|r| r.contains(ANTHROPIC_REPLY)),
+        "claude's result is not the stand-in's reply\n{}",
+        context()
+    );
+
+    assert_upstream_saw_real_only(
+        &standin,
+        &sidecar,
+        ANTHROPIC_HOST,
+        "/v1/messages",
+        ANTHROPIC_REAL,
+        ANTHROPIC_STUB,
+        &out,
+    );
+    let calls = standin
+        .seen()
+        .into_iter()
+        .filter(|s| s.path.split('?').next() == Some("/v1/messages"))
+        .collect::<Vec<_>>();
+    assert!(
+        calls.iter().all(|s| s.header("x-api-key") == Some(ANTHROPIC_REAL)),
+        "every Messages call should carry the real key in x-api-key\n{}",
+        context()
+    );
+    assert_interception(&sidecar, ANTHROPIC_HOST, "ANTHROPIC_API_KEY").await;
+    sidecar.assert_logs_clean();
+}
+
+// ---------------------------------------------------------------------------------------------------------------
+// Codex
+// ---------------------------------------------------------------------------------------------------------------
+
+/// `codex login --with-api-key` (stub on stdin) then `codex exec "say hi"`, against a stand-in that does or does
+/// not accept the Responses WebSocket.
+async fn codex_exec(websocket: bool) -> Option<(StandIn, Sidecar, CliOut)> {
+    let codex = require_cli("codex", "@openai/codex")?;
+    let (standin, sidecar) = setup(websocket).await;
+    let home = tempfile::tempdir().expect("codex home");
+    let work = tempfile::tempdir().expect("codex workdir");
+    let codex_home = home.path().join(".codex");
+    std::fs::create_dir_all(&codex_home).expect("mkdir CODEX_HOME");
+    let mut env = harness_env(&sidecar, home.path());
+    let bundle = home.path().join("ca-bundle.pem").to_string_lossy().to_string();
+    env.extend([
+        ("CODEX_HOME".to_string(), codex_home.to_string_lossy().to_string()),
+        ("CODEX_CA_CERTIFICATE".to_string(), bundle),
+        ("OPENAI_API_KEY".to_string(), OPENAI_STUB.to_string()),
+        ("RUST_LOG".to_string(), "codex_api=debug,codex_core=info,codex_client=debug".to_string()),
+    ]);
+
+    let login = run_cli(&codex, &["login", "--with-api-key"], &env, work.path(), &format!("{OPENAI_STUB}\n")).await;
+    assert_eq!(login.exit, 0, "codex login --with-api-key failed\n{}", login.describe());
+    let auth = std::fs::read_to_string(codex_home.join("auth.json")).unwrap_or_default();
+    assert!(
+        auth.contains(OPENAI_STUB) && !auth.contains(OPENAI_REAL),
+        "codex stored something other than the stub: {auth}"
+    );
+
+    let out = run_cli(
+        &codex,
+        &["exec", "--skip-git-repo-check", "--json", "say hi"],
+        &env,
+        work.path(),
+        "",
+    )
+    .await;
+    let context = format!(
+        "{}\nstand-in saw:\n{}\nsidecar logs:\n{}",
+        out.describe(),
+        standin.summary(),
+        sidecar.logs()
+    );
+    assert_eq!(out.exit, 0, "codex exec failed\n{context}");
+    assert!(
+        out.stdout.contains(OPENAI_REPLY),
+        "codex exec did not print the stand-in's reply\n{context}"
+    );
+    Some((standin, sidecar, out))
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn codex_exec_reaches_the_responses_api_with_the_real_key() {
+    let Some((standin, sidecar, out)) = codex_exec(true).await else {
+        return;
+    };
+    eprintln!("{}", out.describe());
+    assert_upstream_saw_real_only(
+        &standin,
+        &sidecar,
+        OPENAI_HOST,
+        "/v1/responses",
+        OPENAI_REAL,
+        OPENAI_STUB,
+        &out,
+    );
+    assert_interception(&sidecar, OPENAI_HOST, "OPENAI_API_KEY").await;
+    sidecar.assert_logs_clean();
+}
