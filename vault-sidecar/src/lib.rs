@@ -24,4 +24,5 @@ pub mod proxy;
 pub mod rewrite;
 pub mod secrets;
 pub mod tls;
+pub mod transparent;
 pub mod upstream;

@@ -181,7 +181,7 @@ pub async fn run(settings: Settings) -> Result<(), StartError> {
     tokio::spawn(reload_on_sighup(proxy.clone()));
     tokio::spawn(crate::admin::serve(proxy.clone(), admin));
     if let Some(t) = transparent {
-        let _ = t; // transparent mode: see README
+        tokio::spawn(crate::transparent::serve(proxy.clone(), t));
     }
     crate::listener::serve(proxy, listener).await;
     Ok(())
