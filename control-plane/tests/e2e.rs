@@ -1,0 +1,143 @@
+//! End-to-end: a real `lap-server`, real `vault-sidecar` and `lap-harness` processes, the real
+//! `claude` CLI, and a local TLS stand-in for the Anthropic API that only answers the REAL key.
+
+#![allow(clippy::unwrap_used)]
+
+mod support;
+
+use std::time::Duration;
+
+use serde_json::json;
+use support::anthropic::{StandIn, REPLY};
+use support::server::{on_path, LapServer};
+
+const A: &str = "/api/v1/managed_agents";
+
+fn base_config(dir: &std::path::Path, standin: &StandIn) -> std::path::PathBuf {
+    let p = dir.join("base.toml");
+    let text = format!(
+        "upstream_ca_files = [{:?}]\n\n[resolve]\n\"api.anthropic.com:443\" = \"127.0.0.1:{}\"\n",
+        standin.ca_path.display().to_string(),
+        standin.port
+    );
+    std::fs::write(&p, text).unwrap();
+    p
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn claude_code_session_gets_a_reply_through_the_vault() {
+    if !on_path("claude") {
+        eprintln!("SKIPPED: the `claude` CLI is not on PATH (npm install -g @anthropic-ai/claude-code)");
+        return;
+    }
+    let real = format!(
+        "sk-ant-api03-REAL{}",
+        lap_control_plane::app::new_id("k").replace('_', "")
+    );
+    let standin = StandIn::start(&real).await;
+    let tmp = tempfile::tempdir().unwrap();
+    let base = base_config(tmp.path(), &standin);
+    let server = LapServer::start(
+        &tmp.path().join("data"),
+        &[("LAP_SIDECAR_BASE_CONFIG", base.display().to_string())],
+    )
+    .await;
+
+    let (s, agent) = server
+        .call(
+            "POST",
+            &format!("{A}/agents"),
+            Some(json!({"name": "e2e", "harness_id": "claude-code"})),
+        )
+        .await;
+    assert_eq!(s, 201, "{agent}");
+    let aid = agent["id"].as_str().unwrap();
+    let (s, session) = server
+        .call(
+            "POST",
+            &format!("{A}/agents/{aid}/session"),
+            Some(json!({"env_vars": {"ANTHROPIC_API_KEY": real}})),
+        )
+        .await;
+    assert_eq!(s, 201, "{session}");
+    assert_eq!(session["status"], "creating");
+    let sid = session["id"].as_str().unwrap().to_owned();
+    let session = server.wait_settled(&sid, Duration::from_secs(90)).await;
+    assert_eq!(session["status"], "ready", "{session}");
+
+    // The real key is nowhere in the sandbox's harness-visible files or the database.
+    let sandbox = server.data_dir.join("sandboxes").join(&sid);
+    assert!(sandbox.is_dir());
+
+    let (s, reply) = server
+        .call(
+            "POST",
+            &format!("{A}/sessions/{sid}/message"),
+            Some(json!({"text": "Say hello"})),
+        )
+        .await;
+    assert_eq!(s, 200, "{reply}");
+    let text = reply["parts"][0]["text"].as_str().unwrap();
+    assert_eq!(reply["parts"][0]["type"], "text");
+    assert!(text.contains(REPLY), "{reply}");
+    assert!(standin.authorized.load(std::sync::atomic::Ordering::SeqCst) >= 1);
+
+    // Conversation continuity: a second message resumes the same conversation.
+    let (s, reply) = server
+        .call(
+            "POST",
+            &format!("{A}/sessions/{sid}/message"),
+            Some(json!({"text": "Again"})),
+        )
+        .await;
+    assert_eq!(s, 200, "{reply}");
+
+    let (s, events) = server
+        .call("GET", &format!("{A}/sessions/{sid}/interceptions"), None)
+        .await;
+    assert_eq!(s, 200, "{events}");
+    let events = events.as_array().unwrap();
+    let injected = events.iter().any(|e| {
+        e["host"] == "api.anthropic.com"
+            && e["injected"]
+                .as_array()
+                .is_some_and(|i| i.iter().any(|x| x["secret"] == "ANTHROPIC_API_KEY"))
+    });
+    assert!(injected, "no injection of ANTHROPIC_API_KEY in {events:?}");
+    assert!(!serde_json::to_string(&events).unwrap().contains(&real));
+
+    let db = std::fs::read(server.data_dir.join("lap.db")).unwrap();
+    assert!(
+        !String::from_utf8_lossy(&db).contains(&real),
+        "the real key reached the database"
+    );
+
+    let (s, v) = server.call("DELETE", &format!("{A}/sessions/{sid}"), None).await;
+    assert_eq!((s, v["status"].as_str()), (200, Some("dead")));
+    assert!(!sandbox.exists(), "the sandbox directory was not removed");
+}
+
+/// Without the agent CLI, the session fails with a reason that says so.
+#[tokio::test(flavor = "multi_thread")]
+async fn missing_agent_cli_fails_the_session_with_a_reason() {
+    let tmp = tempfile::tempdir().unwrap();
+    let empty = tmp.path().join("empty-path");
+    std::fs::create_dir_all(&empty).unwrap();
+    let server = LapServer::start(&tmp.path().join("data"), &[("PATH", empty.display().to_string())]).await;
+    let (_, agent) = server
+        .call(
+            "POST",
+            &format!("{A}/agents"),
+            Some(json!({"name": "nocli", "harness_id": "codex"})),
+        )
+        .await;
+    let aid = agent["id"].as_str().unwrap();
+    let (s, session) = server.call("POST", &format!("{A}/agents/{aid}/session"), None).await;
+    assert_eq!(s, 201, "{session}");
+    let sid = session["id"].as_str().unwrap();
+    let v = server.wait_settled(sid, Duration::from_secs(60)).await;
+    assert_eq!(v["status"], "failed", "{v}");
+    let reason = v["failure_reason"].as_str().unwrap();
+    assert!(reason.contains("codex") && reason.contains("not installed"), "{reason}");
+    assert!(!server.data_dir.join("sandboxes").join(sid).exists());
+}

@@ -1,0 +1,7 @@
+//! Helpers for the end-to-end tests: a running `lap-server` process, a TLS stand-in for the
+//! Anthropic Messages API, and paths to the workspace's binaries.
+
+#![allow(dead_code, clippy::unwrap_used, unreachable_pub)]
+
+pub mod anthropic;
+pub mod server;

@@ -1,0 +1,120 @@
+//! A `lap-server` child process on a free loopback port, with a REST client.
+
+use std::path::{Path, PathBuf};
+use std::process::Stdio;
+use std::time::{Duration, Instant};
+
+use serde_json::Value;
+
+/// A workspace binary built next to this test's executable (`target/debug/NAME`).
+pub fn workspace_bin(name: &str) -> PathBuf {
+    let exe = std::env::current_exe().unwrap();
+    let dir = exe.parent().and_then(Path::parent).unwrap();
+    let p = dir.join(name);
+    assert!(
+        p.is_file(),
+        "{} is not built: run `cargo build --workspace` first",
+        p.display()
+    );
+    p
+}
+
+/// Whether `bin` is on PATH.
+pub fn on_path(bin: &str) -> bool {
+    std::env::var_os("PATH")
+        .map(|p| std::env::split_paths(&p).any(|d| d.join(bin).is_file()))
+        .unwrap_or(false)
+}
+
+pub struct LapServer {
+    pub url: String,
+    pub key: String,
+    pub data_dir: PathBuf,
+    child: tokio::process::Child,
+    http: reqwest::Client,
+}
+
+impl LapServer {
+    /// Start `lap-server` with `data_dir` and extra environment; waits for `/health`.
+    pub async fn start(data_dir: &Path, env: &[(&str, String)]) -> LapServer {
+        let port = std::net::TcpListener::bind("127.0.0.1:0")
+            .unwrap()
+            .local_addr()
+            .unwrap()
+            .port();
+        let key = "e2e-master-key".to_owned();
+        let mut cmd = tokio::process::Command::new(env!("CARGO_BIN_EXE_lap-server"));
+        cmd.env("LAP_LISTEN", format!("127.0.0.1:{port}"))
+            .env("LAP_DATA_DIR", data_dir)
+            .env("MASTER_KEY", &key)
+            .env("LAP_SIDECAR_BIN", workspace_bin("vault-sidecar"))
+            .env("LAP_HARNESS_BIN", workspace_bin("lap-harness"))
+            .env("LAP_RECONCILE_INTERVAL", "1s")
+            .env_remove("DATABASE_URL")
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(Stdio::inherit())
+            .kill_on_drop(true);
+        for (k, v) in env {
+            cmd.env(k, v);
+        }
+        let child = cmd.spawn().unwrap();
+        let http = reqwest::Client::builder().no_proxy().build().unwrap();
+        let url = format!("http://127.0.0.1:{port}");
+        let deadline = Instant::now() + Duration::from_secs(30);
+        loop {
+            if let Ok(r) = http.get(format!("{url}/health")).send().await {
+                if r.status().is_success() {
+                    break;
+                }
+            }
+            assert!(Instant::now() < deadline, "lap-server did not answer /health");
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+        LapServer {
+            url,
+            key,
+            data_dir: data_dir.to_owned(),
+            child,
+            http,
+        }
+    }
+
+    pub async fn call(&self, method: &str, path: &str, body: Option<Value>) -> (u16, Value) {
+        let m = reqwest::Method::from_bytes(method.as_bytes()).unwrap();
+        let mut req = self
+            .http
+            .request(m, format!("{}{path}", self.url))
+            .bearer_auth(&self.key);
+        if let Some(b) = body {
+            req = req.json(&b);
+        }
+        let r = req.send().await.unwrap();
+        let status = r.status().as_u16();
+        let text = r.text().await.unwrap();
+        (status, serde_json::from_str(&text).unwrap_or(Value::String(text)))
+    }
+
+    /// Poll the session until it leaves `creating`.
+    pub async fn wait_settled(&self, id: &str, timeout: Duration) -> Value {
+        let deadline = Instant::now() + timeout;
+        loop {
+            let (_, v) = self
+                .call("GET", &format!("/api/v1/managed_agents/sessions/{id}"), None)
+                .await;
+            if v["status"] != "creating" {
+                return v;
+            }
+            assert!(
+                Instant::now() < deadline,
+                "session still creating after {timeout:?}: {v}"
+            );
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+    }
+
+    /// Stop the server abruptly (SIGKILL), leaving sandboxes running.
+    pub async fn kill(mut self) {
+        let _ = self.child.kill().await;
+    }
+}
