@@ -39,10 +39,7 @@ const CLI_DEADLINE: Duration = Duration::from_secs(180);
 /// (then `None`: the caller returns, having printed why).
 fn require_cli(name: &str, npm_package: &str) -> Option<PathBuf> {
     let path = std::env::var_os("PATH").unwrap_or_default();
-    if let Some(found) = std::env::split_paths(&path)
-        .map(|d| d.join(name))
-        .find(|p| p.is_file())
-    {
+    if let Some(found) = std::env::split_paths(&path).map(|d| d.join(name)).find(|p| p.is_file()) {
         return Some(found);
     }
     if std::env::var("LAP_SKIP_AGENT_CLIS").as_deref() == Ok("1") {
@@ -205,7 +202,11 @@ fn assert_upstream_saw_real_only(
         .iter()
         .filter(|s| s.host == host && s.path.split('?').next() == Some(model_path) && s.method != "WS")
         .collect();
-    assert!(!model_calls.is_empty(), "no call to {host}{model_path} reached the stand-in\n{}", context());
+    assert!(
+        !model_calls.is_empty(),
+        "no call to {host}{model_path} reached the stand-in\n{}",
+        context()
+    );
     for s in &model_calls {
         assert!(
             s.contains(real),
@@ -340,10 +341,20 @@ async fn codex_exec(websocket: bool) -> Option<(StandIn, Sidecar, CliOut)> {
         ("CODEX_HOME".to_string(), codex_home.to_string_lossy().to_string()),
         ("CODEX_CA_CERTIFICATE".to_string(), bundle),
         ("OPENAI_API_KEY".to_string(), OPENAI_STUB.to_string()),
-        ("RUST_LOG".to_string(), "codex_api=debug,codex_core=info,codex_client=debug".to_string()),
+        (
+            "RUST_LOG".to_string(),
+            "codex_api=debug,codex_core=info,codex_client=debug".to_string(),
+        ),
     ]);
 
-    let login = run_cli(&codex, &["login", "--with-api-key"], &env, work.path(), &format!("{OPENAI_STUB}\n")).await;
+    let login = run_cli(
+        &codex,
+        &["login", "--with-api-key"],
+        &env,
+        work.path(),
+        &format!("{OPENAI_STUB}\n"),
+    )
+    .await;
     assert_eq!(login.exit, 0, "codex login --with-api-key failed\n{}", login.describe());
     let auth = std::fs::read_to_string(codex_home.join("auth.json")).unwrap_or_default();
     assert!(

@@ -32,30 +32,30 @@ use tokio::task::JoinHandle;
 
 type Body = UnsyncBoxBody<Bytes, io::Error>;
 
-pub const ANTHROPIC_HOST: &str = "api.anthropic.com";
-pub const OPENAI_HOST: &str = "api.openai.com";
+pub(crate) const ANTHROPIC_HOST: &str = "api.anthropic.com";
+pub(crate) const OPENAI_HOST: &str = "api.openai.com";
 
 /// What the Anthropic stand-in answers.
-pub const ANTHROPIC_REPLY: &str = "hello from the anthropic stand-in";
+pub(crate) const ANTHROPIC_REPLY: &str = "hello from the anthropic stand-in";
 /// What the OpenAI stand-in answers.
-pub const OPENAI_REPLY: &str = "hello from the openai stand-in";
+pub(crate) const OPENAI_REPLY: &str = "hello from the openai stand-in";
 
 /// One request (or WebSocket message) as the stand-in saw it.
 #[derive(Clone, Debug)]
-pub struct Seen {
-    pub host: String,
+pub(crate) struct Seen {
+    pub(crate) host: String,
     /// HTTP method, or `WS` for a message the client sent over an upgraded connection.
-    pub method: String,
-    pub path: String,
-    pub version: String,
-    pub headers: Vec<(String, String)>,
+    pub(crate) method: String,
+    pub(crate) path: String,
+    pub(crate) version: String,
+    pub(crate) headers: Vec<(String, String)>,
     /// Whole request body (or message text).
-    pub body: Vec<u8>,
-    pub status: u16,
+    pub(crate) body: Vec<u8>,
+    pub(crate) status: u16,
 }
 
 impl Seen {
-    pub fn header(&self, name: &str) -> Option<&str> {
+    pub(crate) fn header(&self, name: &str) -> Option<&str> {
         self.headers
             .iter()
             .find(|(k, _)| k.eq_ignore_ascii_case(name))
@@ -63,17 +63,17 @@ impl Seen {
     }
 
     /// Whether `needle` occurs in the path, any header value or the body.
-    pub fn contains(&self, needle: &str) -> bool {
+    pub(crate) fn contains(&self, needle: &str) -> bool {
         self.path.contains(needle)
             || self.headers.iter().any(|(_, v)| v.contains(needle))
-            || self
-                .body
-                .windows(needle.len().max(1))
-                .any(|w| w == needle.as_bytes())
+            || self.body.windows(needle.len().max(1)).any(|w| w == needle.as_bytes())
     }
 
-    pub fn summary(&self) -> String {
-        format!("{} {} {} {} -> {}", self.version, self.method, self.host, self.path, self.status)
+    pub(crate) fn summary(&self) -> String {
+        format!(
+            "{} {} {} {} -> {}",
+            self.version, self.method, self.host, self.path, self.status
+        )
     }
 }
 
@@ -86,11 +86,11 @@ struct Ctx {
 }
 
 /// A running stand-in; dropping it stops the listener.
-pub struct StandIn {
-    pub addr: SocketAddr,
+pub(crate) struct StandIn {
+    pub(crate) addr: SocketAddr,
     /// PEM of the CA that signed the stand-in's certificate (give it to the sidecar's `upstream_ca_files`).
-    pub ca_pem_path: PathBuf,
-    pub dir: tempfile::TempDir,
+    pub(crate) ca_pem_path: PathBuf,
+    _dir: tempfile::TempDir,
     ctx: Arc<Ctx>,
     task: JoinHandle<()>,
 }
@@ -136,7 +136,7 @@ fn pki() -> (String, Vec<CertificateDer<'static>>, PrivateKeyDer<'static>) {
 
 impl StandIn {
     /// Starts the stand-in; `anthropic_key` / `openai_key` are the only credentials it accepts.
-    pub async fn start(anthropic_key: &str, openai_key: &str, websocket: bool) -> StandIn {
+    pub(crate) async fn start(anthropic_key: &str, openai_key: &str, websocket: bool) -> StandIn {
         let dir = tempfile::tempdir().expect("stand-in tempdir");
         let (ca_pem, chain, key) = pki();
         let ca_pem_path = dir.path().join("standin-ca.pem");
@@ -197,19 +197,19 @@ impl StandIn {
         StandIn {
             addr,
             ca_pem_path,
-            dir,
+            _dir: dir,
             ctx,
             task,
         }
     }
 
     /// Everything recorded so far.
-    pub fn seen(&self) -> Vec<Seen> {
+    pub(crate) fn seen(&self) -> Vec<Seen> {
         self.ctx.log.lock().expect("log").clone()
     }
 
     /// One line per recorded request, for failure messages.
-    pub fn summary(&self) -> String {
+    pub(crate) fn summary(&self) -> String {
         self.seen().iter().map(|s| s.summary() + "\n").collect()
     }
 }
@@ -231,9 +231,9 @@ fn json_response(status: StatusCode, v: &Value) -> Response<Body> {
 }
 
 fn sse_response(events: Vec<(String, Value)>) -> Response<Body> {
-    let frames = events.into_iter().map(|(name, data)| {
-        Ok::<_, io::Error>(Frame::data(Bytes::from(format!("event: {name}\ndata: {data}\n\n"))))
-    });
+    let frames = events
+        .into_iter()
+        .map(|(name, data)| Ok::<_, io::Error>(Frame::data(Bytes::from(format!("event: {name}\ndata: {data}\n\n")))));
     Response::builder()
         .header("content-type", "text/event-stream; charset=utf-8")
         .header("cache-control", "no-cache")
@@ -266,7 +266,12 @@ async fn route(req: Request<Incoming>, ctx: Arc<Ctx>) -> Response<Body> {
         headers: req
             .headers()
             .iter()
-            .map(|(k, v)| (k.as_str().to_string(), String::from_utf8_lossy(v.as_bytes()).to_string()))
+            .map(|(k, v)| {
+                (
+                    k.as_str().to_string(),
+                    String::from_utf8_lossy(v.as_bytes()).to_string(),
+                )
+            })
             .collect(),
         body: Vec::new(),
         status: 0,
@@ -318,8 +323,8 @@ fn bearer(seen: &Seen) -> Option<&str> {
 // ---------------------------------------------------------------------------------------------------------------
 
 fn anthropic(seen: &Seen, path: &str, ctx: &Ctx) -> Option<Response<Body>> {
-    let authed =
-        seen.header("x-api-key") == Some(ctx.anthropic_key.as_str()) || bearer(seen) == Some(ctx.anthropic_key.as_str());
+    let authed = seen.header("x-api-key") == Some(ctx.anthropic_key.as_str())
+        || bearer(seen) == Some(ctx.anthropic_key.as_str());
     match (seen.method.as_str(), path) {
         ("POST", "/v1/messages") | ("POST", "/v1/messages/count_tokens") if !authed => Some(json_response(
             StatusCode::UNAUTHORIZED,
@@ -410,7 +415,10 @@ fn responses_events(model: &str) -> Vec<(String, Value)> {
         (t.to_string(), v)
     };
     vec![
-        ev("response.created", json!({"sequence_number": 0, "response": base.clone()})),
+        ev(
+            "response.created",
+            json!({"sequence_number": 0, "response": base.clone()}),
+        ),
         ev("response.in_progress", json!({"sequence_number": 1, "response": base})),
         ev(
             "response.output_item.added",
@@ -441,7 +449,10 @@ fn responses_events(model: &str) -> Vec<(String, Value)> {
             "response.output_item.done",
             json!({"sequence_number": 7, "output_index": 0, "item": item_done}),
         ),
-        ev("response.completed", json!({"sequence_number": 8, "response": completed})),
+        ev(
+            "response.completed",
+            json!({"sequence_number": 8, "response": completed}),
+        ),
     ]
 }
 
@@ -491,7 +502,8 @@ fn openai_ws(mut req: Request<Incoming>, seen: &Seen, path: &str, ctx: Arc<Ctx>)
                 return;
             }
         };
-        let mut ws = tokio_tungstenite::WebSocketStream::from_raw_socket(TokioIo::new(upgraded), Role::Server, None).await;
+        let mut ws =
+            tokio_tungstenite::WebSocketStream::from_raw_socket(TokioIo::new(upgraded), Role::Server, None).await;
         while let Some(msg) = ws.next().await {
             let msg = match msg {
                 Ok(m) => m,
