@@ -698,13 +698,14 @@ impl App {
                 }
             }
         }
-        let keep: HashSet<String> = self
+        let mut keep: HashSet<String> = self
             .store
             .sessions_with_status(&[Status::Creating, Status::Ready])
             .await?
             .into_iter()
             .map(|s| s.id)
             .collect();
+        keep.extend(self.in_flight.lock().map(|f| f.clone()).unwrap_or_default());
         let removed = self.backend.remove_orphans(&keep).await;
         if removed > 0 {
             tracing::info!(removed, "removed orphaned sandboxes");

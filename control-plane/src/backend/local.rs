@@ -38,6 +38,8 @@ use super::{BackendError, Liveness, SandboxBackend, SandboxHandle, SandboxSpec};
 const SIDECAR_READY_TIMEOUT: Duration = Duration::from_secs(30);
 /// How long the harness may take to answer `/healthz` (it may clone a repository first).
 const HARNESS_READY_TIMEOUT: Duration = Duration::from_secs(300);
+/// A sandbox directory younger than this is never swept as an orphan.
+const ORPHAN_GRACE: Duration = Duration::from_secs(10);
 /// Grace between SIGTERM and SIGKILL on stop.
 const STOP_GRACE: Duration = Duration::from_secs(3);
 
@@ -327,6 +329,7 @@ impl LocalBackend {
         pass_env(&mut cmd, &["PATH", "LAP_LOG", "RUST_LOG"]);
         let sidecar_pid = self.spawn(cmd, &dir.join("sidecar.log"), "vault-sidecar")?;
         pids.push(sidecar_pid);
+        record_pids(dir, pids);
         let admin_url = format!("http://127.0.0.1:{admin_port}");
         if let Err(why) = self
             .wait_ready(&format!("{admin_url}/readyz"), sidecar_pid, SIDECAR_READY_TIMEOUT)
@@ -359,6 +362,7 @@ impl LocalBackend {
         }
         let harness_pid = self.spawn(cmd, &dir.join("harness.log"), "lap-harness")?;
         pids.push(harness_pid);
+        record_pids(dir, pids);
         let harness_url = format!("http://127.0.0.1:{harness_port}");
         match self
             .wait_ready(&format!("{harness_url}/healthz"), harness_pid, HARNESS_READY_TIMEOUT)
@@ -407,6 +411,12 @@ impl LocalBackend {
     }
 }
 
+/// Keep the pids started so far in `pids.json`, so an interrupted bring-up (create timeout,
+/// server crash) can still be swept as an orphan.
+fn record_pids(dir: &Path, pids: &[i32]) {
+    let _ = std::fs::write(dir.join("pids.json"), serde_json::to_vec(pids).unwrap_or_default());
+}
+
 fn pass_env(cmd: &mut Command, keys: &[&str]) {
     for k in keys {
         if let Ok(v) = std::env::var(k) {
@@ -424,9 +434,6 @@ impl SandboxBackend for LocalBackend {
         if result.is_err() {
             self.stop_pids(&pids).await;
             let _ = std::fs::remove_dir_all(&dir);
-        } else if let Ok(h) = &result {
-            // A record for orphan sweeping after a crash.
-            let _ = std::fs::write(dir.join("pids.json"), serde_json::to_vec(&h.detail).unwrap_or_default());
         }
         result
     }
@@ -497,11 +504,21 @@ impl SandboxBackend for LocalBackend {
                 continue;
             }
             let dir = entry.path();
-            if let Some(d) = std::fs::read(dir.join("pids.json"))
+            // A bring-up that started after `keep` was read may have just created its directory.
+            let fresh = entry
+                .metadata()
+                .and_then(|m| m.modified())
                 .ok()
-                .and_then(|b| serde_json::from_slice::<LocalDetail>(&b).ok())
+                .and_then(|t| t.elapsed().ok())
+                .is_none_or(|age| age < ORPHAN_GRACE);
+            if fresh {
+                continue;
+            }
+            if let Some(pids) = std::fs::read(dir.join("pids.json"))
+                .ok()
+                .and_then(|b| serde_json::from_slice::<Vec<i32>>(&b).ok())
             {
-                self.stop_pids(&[d.harness_pid, d.sidecar_pid]).await;
+                self.stop_pids(&pids).await;
             }
             let _ = std::fs::remove_dir_all(&dir);
             removed += 1;

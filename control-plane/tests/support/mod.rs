@@ -4,4 +4,5 @@
 #![allow(dead_code, clippy::unwrap_used, unreachable_pub)]
 
 pub mod anthropic;
+pub mod fake_cli;
 pub mod server;

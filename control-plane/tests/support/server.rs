@@ -32,6 +32,7 @@ pub struct LapServer {
     pub data_dir: PathBuf,
     child: tokio::process::Child,
     http: reqwest::Client,
+    keep_sandboxes: bool,
 }
 
 impl LapServer {
@@ -77,6 +78,7 @@ impl LapServer {
             data_dir: data_dir.to_owned(),
             child,
             http,
+            keep_sandboxes: false,
         }
     }
 
@@ -116,5 +118,29 @@ impl LapServer {
     /// Stop the server abruptly (SIGKILL), leaving sandboxes running.
     pub async fn kill(mut self) {
         let _ = self.child.kill().await;
+        self.keep_sandboxes = true;
+    }
+}
+
+impl Drop for LapServer {
+    /// Sandboxes outlive their server by design (a restarted server adopts them); a test's
+    /// must not outlive the test.
+    fn drop(&mut self) {
+        let _ = self.child.start_kill();
+        if self.keep_sandboxes {
+            return;
+        }
+        let Ok(entries) = std::fs::read_dir(self.data_dir.join("sandboxes")) else {
+            return;
+        };
+        for e in entries.flatten() {
+            let Ok(bytes) = std::fs::read(e.path().join("pids.json")) else {
+                continue;
+            };
+            let pids: Vec<i32> = serde_json::from_slice(&bytes).unwrap_or_default();
+            for pid in pids {
+                let _ = nix::sys::signal::killpg(nix::unistd::Pid::from_raw(pid), nix::sys::signal::Signal::SIGKILL);
+            }
+        }
     }
 }
