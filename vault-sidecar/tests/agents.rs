@@ -402,3 +402,27 @@ async fn codex_exec_reaches_the_responses_api_with_the_real_key() {
     assert_interception(&sidecar, OPENAI_HOST, "OPENAI_API_KEY").await;
     sidecar.assert_logs_clean();
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn codex_exec_sse_probe() {
+    let Some((standin, sidecar, _out)) = codex_exec(true).await else {
+        return;
+    };
+    for s in standin.seen() {
+        eprintln!(
+            "{} {:?} {}",
+            s.summary(),
+            s.headers,
+            String::from_utf8_lossy(&s.body).chars().take(200).collect::<String>()
+        );
+        if s.method == "WS" {
+            let v: Value = serde_json::from_slice(&s.body).unwrap();
+            let mut v2 = v.clone();
+            v2["input"] = Value::Null;
+            v2["tools"] = Value::Null;
+            v2["instructions"] = Value::Null;
+            eprintln!("WS MSG: {v2}");
+        }
+    }
+    eprintln!("{}", sidecar.admin_get("/interceptions").await.body_text());
+}

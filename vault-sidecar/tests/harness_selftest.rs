@@ -63,12 +63,16 @@ async fn upstream_routes_answer_directly() {
             .ok();
         assert_eq!(out.json()["len"], 5);
         assert_eq!(out.json()["sha256"], sha256_hex(b"hello").as_str());
-        // No `.ok()`: over h2 the upstream resets the unread request stream after answering.
-        let out = direct_curl(&u)
-            .args([proto, "--data-binary", "x", "https://api.anthropic.com/reject401"])
-            .run()
-            .await;
-        assert_eq!(out.status, 401, "{out:?}");
+        // Only over HTTP/1.1: over h2 the upstream resets the unread request stream after answering, and
+        // curl 7.88 then drops the response.
+        if proto == "--http1.1" {
+            let out = direct_curl(&u)
+                .args([proto, "--data-binary", "x", "https://api.anthropic.com/reject401"])
+                .run()
+                .await
+                .ok();
+            assert_eq!(out.status, 401, "{out:?}");
+        }
     }
     let rec = u.requests_to("/echo");
     assert_eq!(rec.len(), 2);
@@ -223,4 +227,20 @@ async fn upstream_plain_listener_and_raw_framing() {
     let r2 = read_response(&mut conn, false).await.expect("get resp");
     assert_eq!(r2.status, 200);
     assert_eq!(u.requests()[0].scheme, "http");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn upstream_early_401_reaches_curl_http1_directly() {
+    let u = upstream().await;
+    let file = u.dir.path().join("2mib.bin");
+    write_pattern_file(&file, 2 << 20);
+    for round in 0..5 {
+        let out = direct_curl(&u)
+            .args(["--http1.1", "-H", "Expect: 100-continue", "--data-binary"])
+            .arg(format!("@{}", file.display()))
+            .arg("https://api.anthropic.com/reject401")
+            .run()
+            .await;
+        assert_eq!((out.exit, out.status), (0, 401), "round {round}: {}", out.stderr);
+    }
 }

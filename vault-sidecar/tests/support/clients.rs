@@ -565,3 +565,83 @@ pub fn all_pem_certs(text: &str) -> Vec<String> {
     }
     out
 }
+
+/// A request body of `len` pattern bytes, streamed in 64 KiB chunks.
+pub fn pattern_body(len: u64) -> http_body_util::combinators::UnsyncBoxBody<bytes::Bytes, std::io::Error> {
+    use http_body_util::BodyExt as _;
+    let stream = futures_util::stream::unfold(0u64, move |off| async move {
+        if off >= len {
+            return None;
+        }
+        let n = (len - off).min(64 * 1024);
+        let chunk: Vec<u8> = (off..off + n).map(super::pattern_byte).collect();
+        Some((
+            Ok::<_, std::io::Error>(hyper::body::Frame::data(bytes::Bytes::from(chunk))),
+            off + n,
+        ))
+    });
+    http_body_util::StreamBody::new(stream).boxed_unsync()
+}
+
+/// One h2 request through a CONNECT tunnel to `host:443` (ALPN h2 only, sidecar CA), using hyper's client.
+/// The response is complete when returned; a reset of the request stream after the response does not fail it.
+pub async fn h2_request(
+    sidecar: &Sidecar,
+    host: &str,
+    method: &str,
+    path: &str,
+    headers: &[(&str, &str)],
+    body: http_body_util::combinators::UnsyncBoxBody<bytes::Bytes, std::io::Error>,
+) -> RawResponse {
+    use http_body_util::BodyExt as _;
+    let tls = tunnel_tls(sidecar, host, &["h2"]).await;
+    assert_eq!(
+        tls.get_ref().1.alpn_protocol(),
+        Some(&b"h2"[..]),
+        "the sidecar must accept the client's h2 offer"
+    );
+    let (mut sender, conn) =
+        hyper::client::conn::http2::handshake(hyper_util::rt::TokioExecutor::new(), hyper_util::rt::TokioIo::new(tls))
+            .await
+            .expect("h2 handshake");
+    let conn_task = tokio::spawn(conn);
+    let mut req = hyper::Request::builder()
+        .method(method)
+        .uri(format!("https://{host}{path}"));
+    for (k, v) in headers {
+        req = req.header(*k, *v);
+    }
+    let req = req.body(body).expect("request");
+    let fut = async {
+        let resp = sender.send_request(req).await.expect("h2 response head");
+        let status = resp.status().as_u16();
+        let hdrs = resp
+            .headers()
+            .iter()
+            .map(|(k, v)| {
+                (
+                    k.as_str().to_string(),
+                    String::from_utf8_lossy(v.as_bytes()).to_string(),
+                )
+            })
+            .collect();
+        let body = resp
+            .into_body()
+            .collect()
+            .await
+            .expect("h2 response body")
+            .to_bytes()
+            .to_vec();
+        RawResponse {
+            head: String::new(),
+            version: "HTTP/2".into(),
+            status,
+            headers: hdrs,
+            body,
+            chunked: false,
+        }
+    };
+    let resp = within(Duration::from_secs(30), "h2 request through the sidecar", fut).await;
+    conn_task.abort();
+    resp
+}
