@@ -18,6 +18,7 @@ mod standin;
 
 use std::path::{Path, PathBuf};
 use std::process::Stdio;
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use serde_json::Value;
@@ -125,23 +126,49 @@ fn harness_env(sidecar: &Sidecar, home: &Path) -> Vec<(String, String)> {
     env
 }
 
-/// Output of a finished CLI.
+/// Output of a CLI run.
 struct CliOut {
+    /// Exit code; -1 when killed by a signal or by the deadline.
     exit: i32,
+    /// Whether [`CLI_DEADLINE`] passed and the CLI was killed.
+    timed_out: bool,
     stdout: String,
     stderr: String,
 }
 
 impl CliOut {
     fn describe(&self) -> String {
+        let how = if self.timed_out {
+            format!("KILLED after {CLI_DEADLINE:?} (output so far below)")
+        } else {
+            format!("exit {}", self.exit)
+        };
         format!(
-            "exit {}\n--- stdout ---\n{}\n--- stderr ---\n{}",
-            self.exit, self.stdout, self.stderr
+            "{how}\n--- stdout ---\n{}\n--- stderr ---\n{}",
+            self.stdout, self.stderr
         )
     }
 }
 
-/// Runs `program args` in `cwd` with exactly `env`, `stdin` written to its standard input, under [`CLI_DEADLINE`].
+/// Copies `r` into `buf` as it arrives, so a hung CLI's output up to the hang is still available.
+fn collect(
+    mut r: impl tokio::io::AsyncRead + Unpin + Send + 'static,
+    buf: Arc<Mutex<Vec<u8>>>,
+) -> tokio::task::JoinHandle<()> {
+    use tokio::io::AsyncReadExt as _;
+    tokio::spawn(async move {
+        let mut chunk = [0u8; 8192];
+        while let Ok(n) = r.read(&mut chunk).await {
+            if n == 0 {
+                break;
+            }
+            buf.lock().expect("output buffer").extend_from_slice(&chunk[..n]);
+        }
+    })
+}
+
+/// Runs `program args` in `cwd` with exactly `env`, `stdin` written to its standard input. A CLI still running
+/// after [`CLI_DEADLINE`] is killed and reported as timed out, with whatever it printed until then.
 async fn run_cli(program: &Path, args: &[&str], env: &[(String, String)], cwd: &Path, stdin: &str) -> CliOut {
     use tokio::io::AsyncWriteExt as _;
     let mut cmd = tokio::process::Command::new(program);
@@ -158,19 +185,35 @@ async fn run_cli(program: &Path, args: &[&str], env: &[(String, String)], cwd: &
         .unwrap_or_else(|e| panic!("spawn {}: {e}", program.display()));
     let mut input = child.stdin.take().expect("child stdin");
     let stdin = stdin.to_string();
-    let writer = tokio::spawn(async move {
+    tokio::spawn(async move {
         let _ = input.write_all(stdin.as_bytes()).await;
         let _ = input.shutdown().await;
     });
-    let what = format!("{} {args:?}", program.display());
-    let out = support::within(CLI_DEADLINE, &what, child.wait_with_output())
-        .await
-        .unwrap_or_else(|e| panic!("{what}: {e}"));
-    let _ = writer.await;
+    let out_buf = Arc::new(Mutex::new(Vec::new()));
+    let err_buf = Arc::new(Mutex::new(Vec::new()));
+    let readers = [
+        collect(child.stdout.take().expect("child stdout"), out_buf.clone()),
+        collect(child.stderr.take().expect("child stderr"), err_buf.clone()),
+    ];
+    let (exit, timed_out) = match tokio::time::timeout(CLI_DEADLINE, child.wait()).await {
+        Ok(Ok(status)) => (status.code().unwrap_or(-1), false),
+        Ok(Err(e)) => panic!("waiting for {}: {e}", program.display()),
+        Err(_) => {
+            let _ = child.start_kill();
+            let _ = child.wait().await;
+            (-1, true)
+        }
+    };
+    // A helper process the CLI left behind may hold the pipes open: read what is there, briefly.
+    for r in readers {
+        let _ = tokio::time::timeout(Duration::from_secs(5), r).await;
+    }
+    let text = |b: &Arc<Mutex<Vec<u8>>>| String::from_utf8_lossy(&b.lock().expect("output buffer")).to_string();
     CliOut {
-        exit: out.status.code().unwrap_or(-1),
-        stdout: String::from_utf8_lossy(&out.stdout).to_string(),
-        stderr: String::from_utf8_lossy(&out.stderr).to_string(),
+        exit,
+        timed_out,
+        stdout: text(&out_buf),
+        stderr: text(&err_buf),
     }
 }
 
@@ -326,8 +369,9 @@ async fn claude_code_print_reaches_the_messages_api_with_the_real_key() {
 // Codex
 // ---------------------------------------------------------------------------------------------------------------
 
-/// `codex login --with-api-key` (stub on stdin) then `codex exec "say hi"`, against a stand-in that does or does
-/// not accept the Responses WebSocket.
+/// `codex login --with-api-key` (the stub on stdin, as a harness would do with `$OPENAI_API_KEY`), then
+/// `codex exec --json "say hi"`, against a stand-in that does (`websocket`) or does not accept the Responses API
+/// WebSocket. Asserts the CLI succeeded and printed the stand-in's reply.
 async fn codex_exec(websocket: bool) -> Option<(StandIn, Sidecar, CliOut)> {
     let codex = require_cli("codex", "@openai/codex")?;
     let (standin, sidecar) = setup(websocket).await;
@@ -355,11 +399,17 @@ async fn codex_exec(websocket: bool) -> Option<(StandIn, Sidecar, CliOut)> {
         &format!("{OPENAI_STUB}\n"),
     )
     .await;
-    assert_eq!(login.exit, 0, "codex login --with-api-key failed\n{}", login.describe());
+    assert_eq!(
+        login.exit,
+        0,
+        "codex login --with-api-key failed\n{}\nstand-in saw:\n{}",
+        login.describe(),
+        standin.summary()
+    );
     let auth = std::fs::read_to_string(codex_home.join("auth.json")).unwrap_or_default();
     assert!(
         auth.contains(OPENAI_STUB) && !auth.contains(OPENAI_REAL),
-        "codex stored something other than the stub: {auth}"
+        "codex login should have stored the stub: {auth}"
     );
 
     let out = run_cli(
@@ -377,19 +427,67 @@ async fn codex_exec(websocket: bool) -> Option<(StandIn, Sidecar, CliOut)> {
         sidecar.logs()
     );
     assert_eq!(out.exit, 0, "codex exec failed\n{context}");
+    let said = out
+        .stdout
+        .lines()
+        .filter_map(|l| serde_json::from_str::<Value>(l).ok())
+        .any(|v| v["type"] == "item.completed" && v["item"]["text"].as_str().is_some_and(|t| t.contains(OPENAI_REPLY)));
     assert!(
-        out.stdout.contains(OPENAI_REPLY),
-        "codex exec did not print the stand-in's reply\n{context}"
+        said,
+        "codex exec --json did not report the stand-in's reply as an item\n{context}"
     );
     Some((standin, sidecar, out))
 }
 
+/// Recorded requests to `api.openai.com/v1/responses` with `method` (`WS` for WebSocket messages).
+fn responses_calls(standin: &StandIn, method: &str) -> Vec<standin::Seen> {
+    standin
+        .seen()
+        .into_iter()
+        .filter(|s| s.host == OPENAI_HOST && s.path.split('?').next() == Some("/v1/responses") && s.method == method)
+        .collect()
+}
+
+/// codex 0.171 opens the Responses API as a WebSocket (`GET /v1/responses`, HTTP/1.1 Upgrade, `Authorization:
+/// Bearer` in the handshake), prewarms with `response.create` + `generate: false`, then sends the turn's
+/// `response.create` and reads the events as text frames. The sidecar must swap the stub in the handshake and relay
+/// frames both ways: codex falls back to `POST` + SSE if the WebSocket fails, so the reply arriving with no `POST`
+/// proves the relay carried it.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn codex_exec_reaches_the_responses_api_with_the_real_key() {
+async fn codex_exec_over_the_responses_websocket_gets_the_real_key() {
     let Some((standin, sidecar, out)) = codex_exec(true).await else {
         return;
     };
-    eprintln!("{}", out.describe());
+    let context = || format!("stand-in saw:\n{}\n{}", standin.summary(), out.describe());
+    let upgrades = responses_calls(&standin, "GET");
+    assert!(
+        upgrades.iter().any(|s| s.status == 101),
+        "codex never completed a WebSocket upgrade on /v1/responses\n{}",
+        context()
+    );
+    for s in &upgrades {
+        assert_eq!(
+            s.header("authorization"),
+            Some(format!("Bearer {OPENAI_REAL}").as_str()),
+            "WebSocket handshake without the real key\n{}",
+            context()
+        );
+    }
+    let creates: Vec<Value> = responses_calls(&standin, "WS")
+        .iter()
+        .filter_map(|s| serde_json::from_slice::<Value>(&s.body).ok())
+        .filter(|v| v["type"] == "response.create")
+        .collect();
+    assert!(
+        creates.iter().any(|v| v["generate"] != false),
+        "no generating response.create arrived over the WebSocket\n{}",
+        context()
+    );
+    assert!(
+        responses_calls(&standin, "POST").is_empty(),
+        "codex fell back to POST /v1/responses: the WebSocket relay did not carry the reply\n{}",
+        context()
+    );
     assert_upstream_saw_real_only(
         &standin,
         &sidecar,
@@ -399,30 +497,62 @@ async fn codex_exec_reaches_the_responses_api_with_the_real_key() {
         OPENAI_STUB,
         &out,
     );
-    assert_interception(&sidecar, OPENAI_HOST, "OPENAI_API_KEY").await;
+    let events = assert_interception(&sidecar, OPENAI_HOST, "OPENAI_API_KEY").await;
+    assert!(
+        events
+            .iter()
+            .any(|e| e["method"] == "GET" && e["path"] == "/v1/responses" && e["status"] == 101),
+        "/interceptions has no 101 upgrade of /v1/responses with OPENAI_API_KEY injected: {events:?}"
+    );
     sidecar.assert_logs_clean();
 }
 
+/// Against a server that refuses the WebSocket (`426`), codex 0.171 falls back to `POST /v1/responses` with
+/// `stream: true` and reads Server-Sent Events: both the refused handshake and the POST must carry the real key.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn codex_exec_sse_probe() {
-    let Some((standin, sidecar, _out)) = codex_exec(true).await else {
+async fn codex_exec_over_responses_sse_gets_the_real_key() {
+    let Some((standin, sidecar, out)) = codex_exec(false).await else {
         return;
     };
-    for s in standin.seen() {
-        eprintln!(
-            "{} {:?} {}",
-            s.summary(),
-            s.headers,
-            String::from_utf8_lossy(&s.body).chars().take(200).collect::<String>()
+    let context = || format!("stand-in saw:\n{}\n{}", standin.summary(), out.describe());
+    let posts = responses_calls(&standin, "POST");
+    assert!(!posts.is_empty(), "codex never POSTed /v1/responses\n{}", context());
+    for s in &posts {
+        assert_eq!(s.status, 200, "{}\n{}", s.summary(), context());
+        assert_eq!(
+            s.header("authorization"),
+            Some(format!("Bearer {OPENAI_REAL}").as_str()),
+            "POST /v1/responses without the real key\n{}",
+            context()
         );
-        if s.method == "WS" {
-            let v: Value = serde_json::from_slice(&s.body).unwrap();
-            let mut v2 = v.clone();
-            v2["input"] = Value::Null;
-            v2["tools"] = Value::Null;
-            v2["instructions"] = Value::Null;
-            eprintln!("WS MSG: {v2}");
-        }
+        let body: Value = serde_json::from_slice(&s.body).unwrap_or(Value::Null);
+        assert_eq!(
+            body["stream"],
+            true,
+            "codex asked for a non-streaming response\n{}",
+            context()
+        );
     }
-    eprintln!("{}", sidecar.admin_get("/interceptions").await.body_text());
+    assert!(
+        responses_calls(&standin, "WS").is_empty(),
+        "messages arrived over a WebSocket the stand-in refused\n{}",
+        context()
+    );
+    assert_upstream_saw_real_only(
+        &standin,
+        &sidecar,
+        OPENAI_HOST,
+        "/v1/responses",
+        OPENAI_REAL,
+        OPENAI_STUB,
+        &out,
+    );
+    let events = assert_interception(&sidecar, OPENAI_HOST, "OPENAI_API_KEY").await;
+    assert!(
+        events
+            .iter()
+            .any(|e| e["method"] == "POST" && e["path"] == "/v1/responses" && e["status"] == 200),
+        "/interceptions has no POST /v1/responses with OPENAI_API_KEY injected: {events:?}"
+    );
+    sidecar.assert_logs_clean();
 }

@@ -326,11 +326,23 @@ fn anthropic(seen: &Seen, path: &str, ctx: &Ctx) -> Option<Response<Body>> {
     let authed = seen.header("x-api-key") == Some(ctx.anthropic_key.as_str())
         || bearer(seen) == Some(ctx.anthropic_key.as_str());
     match (seen.method.as_str(), path) {
-        ("POST", "/v1/messages") | ("POST", "/v1/messages/count_tokens") if !authed => Some(json_response(
-            StatusCode::UNAUTHORIZED,
-            &json!({"type": "error", "error": {"type": "authentication_error", "message": "invalid x-api-key"}}),
-        )),
+        ("POST", "/v1/messages")
+        | ("POST", "/v1/messages/count_tokens")
+        | ("GET", "/api/claude_code/settings")
+        | ("GET", "/api/claude_code/policy_limits")
+            if !authed =>
+        {
+            Some(json_response(
+                StatusCode::UNAUTHORIZED,
+                &json!({"type": "error", "error": {"type": "authentication_error", "message": "invalid x-api-key"}}),
+            ))
+        }
         ("POST", "/v1/messages/count_tokens") => Some(json_response(StatusCode::OK, &json!({"input_tokens": 12}))),
+        // Claude Code asks for remotely managed settings and policy limits at start; an API-key account has none.
+        ("GET", "/api/claude_code/settings") | ("GET", "/api/claude_code/policy_limits") => Some(json_response(
+            StatusCode::NOT_FOUND,
+            &json!({"type": "error", "error": {"type": "not_found_error", "message": "none configured"}}),
+        )),
         ("POST", "/v1/messages") => {
             let body: Value = serde_json::from_slice(&seen.body).unwrap_or(Value::Null);
             let model = body["model"].as_str().unwrap_or("claude-stand-in").to_string();
@@ -456,6 +468,16 @@ fn responses_events(model: &str) -> Vec<(String, Value)> {
     ]
 }
 
+/// `response.created` + `response.completed` with no output, the answer to `generate: false`.
+fn prewarm_events(model: &str) -> Vec<(String, Value)> {
+    let all = responses_events(model);
+    let mut completed = all.last().expect("events").clone();
+    completed.1["response"]["output"] = json!([]);
+    completed.1["response"]["usage"]["output_tokens"] = json!(0);
+    completed.1["response"]["usage"]["total_tokens"] = json!(12);
+    vec![all[0].clone(), completed]
+}
+
 fn openai(seen: &Seen, path: &str, ctx: &Ctx) -> Option<Response<Body>> {
     let authed = bearer(seen) == Some(ctx.openai_key.as_str());
     match (seen.method.as_str(), path) {
@@ -530,7 +552,13 @@ fn openai_ws(mut req: Request<Incoming>, seen: &Seen, path: &str, ctx: Arc<Ctx>)
                     ctx.log.lock().expect("log").push(seen);
                     if kind == "response.create" {
                         let model = v["model"].as_str().unwrap_or("gpt-stand-in").to_string();
-                        for (_, ev) in responses_events(&model) {
+                        // `generate: false` (codex's prewarm) opens a response without producing output.
+                        let events = if v["generate"] == false {
+                            prewarm_events(&model)
+                        } else {
+                            responses_events(&model)
+                        };
+                        for (_, ev) in events {
                             if ws.send(Message::text(ev.to_string())).await.is_err() {
                                 return;
                             }
