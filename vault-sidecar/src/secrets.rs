@@ -6,7 +6,7 @@
 use std::fmt;
 use std::str::FromStr;
 
-use aho_corasick::{AhoCorasick, AhoCorasickBuilder, MatchKind};
+use aho_corasick::{AhoCorasick, AhoCorasickBuilder, AhoCorasickKind, MatchKind};
 
 use crate::hosts::{HostSet, TargetHost};
 
@@ -122,6 +122,9 @@ where
     }
     AhoCorasickBuilder::new()
         .match_kind(MatchKind::LeftmostLongest)
+        // A handful of short patterns: a full DFA is small and scans fastest.
+        .kind(Some(AhoCorasickKind::DFA))
+        .prefilter(false)
         .build(patterns)
         .ok()
 }
