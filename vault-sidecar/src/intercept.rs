@@ -373,13 +373,23 @@ impl Tunnel {
                     let whole = match body.collect().await {
                         Ok(c) => c.to_bytes(),
                         Err(e) => {
-                            let resp = answer::error(StatusCode::BAD_GATEWAY, "upstream-protocol", &host, &e.to_string());
-                            return self.finish_local(resp, record, &secrets, &exchange, Some("upstream-protocol"), None);
+                            let resp =
+                                answer::error(StatusCode::BAD_GATEWAY, "upstream-protocol", &host, &e.to_string());
+                            return self.finish_local(
+                                resp,
+                                record,
+                                &secrets,
+                                &exchange,
+                                Some("upstream-protocol"),
+                                None,
+                            );
                         }
                     };
                     let mut out = rw.push(whole).to_vec();
                     out.extend_from_slice(&rw.finish());
-                    parts.headers.insert(header::CONTENT_LENGTH, HeaderValue::from(out.len()));
+                    parts
+                        .headers
+                        .insert(header::CONTENT_LENGTH, HeaderValue::from(out.len()));
                     body = answer::full(Bytes::from(out));
                 }
                 _ => {
@@ -600,7 +610,10 @@ impl Tunnel {
 }
 
 fn content_length(headers: &http::HeaderMap) -> Option<u64> {
-    headers.get(header::CONTENT_LENGTH).and_then(|v| v.to_str().ok()).and_then(|v| v.parse().ok())
+    headers
+        .get(header::CONTENT_LENGTH)
+        .and_then(|v| v.to_str().ok())
+        .and_then(|v| v.parse().ok())
 }
 
 /// Whether every redactable value has the same length as its stub (then `Content-Length` holds).
