@@ -5,6 +5,7 @@
 
 mod support;
 
+use std::os::unix::fs::PermissionsExt;
 use std::time::Duration;
 
 use serde_json::json;
@@ -65,9 +66,45 @@ async fn claude_code_session_gets_a_reply_through_the_vault() {
     let session = server.wait_settled(&sid, Duration::from_secs(90)).await;
     assert_eq!(session["status"], "ready", "{session}");
 
-    // The real key is nowhere in the sandbox's harness-visible files or the database.
+    // A private sandbox: 0700 directories, 0600 config and secrets.
     let sandbox = server.data_dir.join("sandboxes").join(&sid);
-    assert!(sandbox.is_dir());
+    let mode = |p: &std::path::Path| std::fs::metadata(p).unwrap().permissions().mode() & 0o777;
+    for d in [sandbox.clone(), sandbox.join("home"), sandbox.join("tmp")] {
+        assert_eq!(mode(&d), 0o700, "{}", d.display());
+    }
+    for f in ["sidecar.toml", "secrets.json", "admin_token"] {
+        assert_eq!(mode(&sandbox.join(f)), 0o600, "{f}");
+    }
+
+    // The harness holds a stub with the real key's recognisable prefix, never the key.
+    let pids: Vec<i32> = serde_json::from_slice(&std::fs::read(sandbox.join("pids.json")).unwrap()).unwrap();
+    let environ = std::fs::read(format!("/proc/{}/environ", pids[1])).unwrap();
+    let env: Vec<String> = environ
+        .split(|b| *b == 0)
+        .map(|kv| String::from_utf8_lossy(kv).into_owned())
+        .collect();
+    assert!(
+        !env.iter().any(|kv| kv.contains(&real)),
+        "the real key reached the harness environment"
+    );
+    let stub = env.iter().find_map(|kv| kv.strip_prefix("ANTHROPIC_API_KEY=")).unwrap();
+    assert!(stub.starts_with("sk-ant-api03-") && stub != real, "{stub}");
+    for k in [
+        "HTTPS_PROXY",
+        "HTTP_PROXY",
+        "https_proxy",
+        "http_proxy",
+        "NO_PROXY",
+        "NODE_EXTRA_CA_CERTS",
+        "SSL_CERT_FILE",
+    ] {
+        assert!(env.iter().any(|kv| kv.starts_with(&format!("{k}="))), "{k} missing");
+    }
+    assert!(env.contains(&format!("HOME={}", sandbox.join("home").display())));
+    assert!(
+        !env.iter().any(|kv| kv.starts_with("MASTER_KEY=")),
+        "server secrets leaked into the harness"
+    );
 
     let (s, reply) = server
         .call(

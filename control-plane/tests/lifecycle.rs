@@ -85,6 +85,25 @@ async fn continuity_restart_adoption_and_vanished_sandbox() {
         "continuity"
     );
 
+    // The same through SSE; and the session's event stream starts with its current state.
+    let sse = server
+        .sse(
+            "POST",
+            &format!("{A}/sessions/{sid}/message_stream"),
+            Some(json!({"text": "s"})),
+            1,
+        )
+        .await;
+    assert!(
+        sse.contains("event: message") && sse.contains("echo:s api:nokey resume:fake-conv-1"),
+        "{sse}"
+    );
+    let sse = server.sse("GET", &format!("{A}/sessions/{sid}/events"), None, 1).await;
+    assert!(
+        sse.contains("event: session") && sse.contains("\"status\":\"ready\""),
+        "{sse}"
+    );
+
     // The server dies; its sandboxes keep running and the next server adopts them.
     server.kill().await;
     let server = LapServer::start(&data, &[("PATH", path.clone())]).await;

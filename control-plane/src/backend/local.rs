@@ -89,10 +89,16 @@ fn io(what: impl Into<String>) -> impl FnOnce(std::io::Error) -> BackendError {
     move |source| BackendError::Io { what, source }
 }
 
-/// A free loopback port (bound then released).
-fn free_port() -> Result<u16, BackendError> {
-    let l = TcpListener::bind("127.0.0.1:0").map_err(io("cannot bind a loopback port"))?;
-    Ok(l.local_addr().map_err(io("cannot read a loopback port"))?.port())
+/// Three distinct free loopback ports (all bound at once, then released).
+fn free_ports() -> Result<(u16, u16, u16), BackendError> {
+    let bind = || TcpListener::bind("127.0.0.1:0").map_err(io("cannot bind a loopback port"));
+    let (a, b, c) = (bind()?, bind()?, bind()?);
+    let port = |l: &TcpListener| {
+        l.local_addr()
+            .map(|a| a.port())
+            .map_err(io("cannot read a loopback port"))
+    };
+    Ok((port(&a)?, port(&b)?, port(&c)?))
 }
 
 /// Write `bytes` to `path` with mode 0600, atomically (temp file + rename).
@@ -300,7 +306,7 @@ impl LocalBackend {
         mkdir_private(dir)?;
         mkdir_private(&dir.join("home").join("workspace"))?;
         mkdir_private(&dir.join("tmp"))?;
-        let (proxy_port, admin_port, harness_port) = (free_port()?, free_port()?, free_port()?);
+        let (proxy_port, admin_port, harness_port) = free_ports()?;
 
         let admin_token = random_token();
         write_private(&dir.join("admin_token"), admin_token.as_bytes())?;
@@ -429,13 +435,23 @@ fn pass_env(cmd: &mut Command, keys: &[&str]) {
 impl SandboxBackend for LocalBackend {
     async fn create(&self, spec: SandboxSpec) -> Result<SandboxHandle, BackendError> {
         let dir = self.config.root.join(&spec.session_id);
-        let mut pids = Vec::new();
-        let result = self.bring_up(&spec, &dir, &mut pids).await;
-        if result.is_err() {
+        let mut attempt = 0;
+        loop {
+            attempt += 1;
+            let mut pids = Vec::new();
+            let result = self.bring_up(&spec, &dir, &mut pids).await;
+            if result.is_ok() {
+                return result;
+            }
             self.stop_pids(&pids).await;
             let _ = std::fs::remove_dir_all(&dir);
+            // Free ports are picked then released; another process may take one first.
+            let port_race = matches!(&result, Err(BackendError::Failed(m)) if m.contains("in use"));
+            if !port_race || attempt >= 3 {
+                return result;
+            }
+            tracing::info!(session = %spec.session_id, "a loopback port was taken meanwhile; retrying");
         }
-        result
     }
 
     async fn liveness(&self, handle: &SandboxHandle) -> Liveness {

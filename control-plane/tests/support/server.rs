@@ -97,6 +97,39 @@ impl LapServer {
         (status, serde_json::from_str(&text).unwrap_or(Value::String(text)))
     }
 
+    /// Read an SSE response until `events` events have arrived; returns the text read.
+    pub async fn sse(&self, method: &str, path: &str, body: Option<Value>, events: usize) -> String {
+        use futures_util::StreamExt;
+        let m = reqwest::Method::from_bytes(method.as_bytes()).unwrap();
+        let mut req = self
+            .http
+            .request(m, format!("{}{path}", self.url))
+            .bearer_auth(&self.key);
+        if let Some(b) = body {
+            req = req.json(&b);
+        }
+        let r = req.send().await.unwrap();
+        assert_eq!(r.status(), 200);
+        assert!(r.headers()["content-type"]
+            .to_str()
+            .unwrap()
+            .starts_with("text/event-stream"));
+        let mut stream = r.bytes_stream();
+        let mut text = String::new();
+        let read = async {
+            while text.matches("\n\n").count() < events {
+                match stream.next().await {
+                    Some(Ok(chunk)) => text.push_str(&String::from_utf8_lossy(&chunk)),
+                    _ => break,
+                }
+            }
+        };
+        tokio::time::timeout(Duration::from_secs(60), read)
+            .await
+            .expect("SSE events did not arrive");
+        text
+    }
+
     /// Poll the session until it leaves `creating`.
     pub async fn wait_settled(&self, id: &str, timeout: Duration) -> Value {
         let deadline = Instant::now() + timeout;

@@ -1,0 +1,121 @@
+//! `lap-server` as a newcomer runs it: embedded defaults, first-start keys, bad configuration.
+
+#![allow(clippy::unwrap_used)]
+
+mod support;
+
+use std::os::unix::fs::PermissionsExt;
+use std::process::Stdio;
+use std::time::{Duration, Instant};
+
+use support::server::workspace_bin;
+
+/// Start `lap-server` in `cwd` with only LAP_LISTEN set (and the binaries); wait for /health;
+/// stop it; return its stdout.
+async fn run_once(cwd: &std::path::Path) -> String {
+    let port = std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port();
+    let child = tokio::process::Command::new(env!("CARGO_BIN_EXE_lap-server"))
+        .current_dir(cwd)
+        .env_remove("MASTER_KEY")
+        .env_remove("LAP_ENCRYPTION_KEY")
+        .env_remove("DATABASE_URL")
+        .env_remove("LAP_DATA_DIR")
+        .env("LAP_LISTEN", format!("127.0.0.1:{port}"))
+        .env("LAP_SIDECAR_BIN", workspace_bin("vault-sidecar"))
+        .env("LAP_HARNESS_BIN", workspace_bin("lap-harness"))
+        .stdout(Stdio::piped())
+        .stderr(Stdio::null())
+        .kill_on_drop(true)
+        .spawn()
+        .unwrap();
+    let http = reqwest::Client::builder().no_proxy().build().unwrap();
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while !http
+        .get(format!("http://127.0.0.1:{port}/health"))
+        .send()
+        .await
+        .is_ok_and(|r| r.status().is_success())
+    {
+        assert!(Instant::now() < deadline, "lap-server did not start");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    nix::sys::signal::kill(
+        nix::unistd::Pid::from_raw(child.id().unwrap() as i32),
+        nix::sys::signal::Signal::SIGINT,
+    )
+    .unwrap();
+    let out = tokio::time::timeout(Duration::from_secs(20), child.wait_with_output())
+        .await
+        .unwrap()
+        .unwrap();
+    String::from_utf8_lossy(&out.stdout).into_owned()
+}
+
+#[tokio::test]
+async fn first_start_creates_private_keys_and_prints_the_master_key_once() {
+    let cwd = tempfile::tempdir().unwrap();
+    let out = run_once(cwd.path()).await;
+    let lap = cwd.path().join(".lap");
+    let key = std::fs::read_to_string(lap.join("master_key"))
+        .unwrap()
+        .trim()
+        .to_owned();
+    assert!(out.contains(&format!("MASTER_KEY={key}")), "{out}");
+    for f in ["master_key", "encryption_key"] {
+        assert_eq!(
+            std::fs::metadata(lap.join(f)).unwrap().permissions().mode() & 0o777,
+            0o600,
+            "{f}"
+        );
+    }
+    assert!(lap.join("lap.db").is_file(), "SQLite under ./.lap");
+    let again = run_once(cwd.path()).await;
+    assert!(!again.contains(&key), "the master key was printed twice: {again}");
+}
+
+fn exit_code(env: &[(&str, &str)]) -> (i32, String) {
+    let cwd = tempfile::tempdir().unwrap();
+    let mut cmd = std::process::Command::new(env!("CARGO_BIN_EXE_lap-server"));
+    cmd.current_dir(cwd.path()).env("LAP_LISTEN", "127.0.0.1:0");
+    for (k, v) in env {
+        cmd.env(k, v);
+    }
+    let out = cmd.output().unwrap();
+    (
+        out.status.code().unwrap_or(-1),
+        String::from_utf8_lossy(&out.stderr).into_owned(),
+    )
+}
+
+#[test]
+fn bad_configuration_exits_2_naming_the_setting() {
+    let (code, err) = exit_code(&[("LAP_IDLE_TIMEOUT", "soon")]);
+    assert_eq!(code, 2, "{err}");
+    assert!(
+        err.contains("idle-timeout") || err.contains("LAP_IDLE_TIMEOUT"),
+        "{err}"
+    );
+    let (code, err) = exit_code(&[("LAP_BACKEND", "kubernetes"), ("LAP_SIDECAR_BIN", "/bin/true")]);
+    assert_eq!(code, 2, "{err}");
+    assert!(err.contains("kubernetes"), "{err}");
+    let dir = tempfile::tempdir().unwrap();
+    let bad = dir.path().join("base.toml");
+    std::fs::write(&bad, "resolve = 7\n").unwrap();
+    let (code, err) = exit_code(&[
+        ("LAP_SIDECAR_BASE_CONFIG", bad.to_str().unwrap()),
+        ("LAP_SIDECAR_BIN", "/bin/true"),
+        ("LAP_HARNESS_BIN", "/bin/true"),
+    ]);
+    assert_eq!(code, 2, "{err}");
+    assert!(
+        err.contains("LAP_SIDECAR_BASE_CONFIG") && err.contains("resolve"),
+        "{err}"
+    );
+    let (code, err) = exit_code(&[("LAP_SIDECAR_BIN", "/nonexistent/vault-sidecar")]);
+    assert_eq!(code, 2, "{err}");
+    assert!(err.contains("/nonexistent/vault-sidecar"), "{err}");
+}
