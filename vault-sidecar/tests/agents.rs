@@ -361,8 +361,83 @@ async fn claude_code_print_reaches_the_messages_api_with_the_real_key() {
         "every Messages call should carry the real key in x-api-key\n{}",
         context()
     );
-    assert_interception(&sidecar, ANTHROPIC_HOST, "ANTHROPIC_API_KEY").await;
+    assert!(
+        calls.iter().any(|s| {
+            let body: Value = serde_json::from_slice(&s.body).unwrap_or(Value::Null);
+            body["stream"] == true && s.status == 200
+        }),
+        "claude never streamed a Messages response (SSE) through the sidecar\n{}",
+        context()
+    );
+    let events = assert_interception(&sidecar, ANTHROPIC_HOST, "ANTHROPIC_API_KEY").await;
+    assert!(
+        events.iter().any(|e| e["method"] == "POST"
+            && e["path"].as_str().is_some_and(|p| p.starts_with("/v1/messages"))
+            && e["status"] == 200),
+        "/interceptions has no POST /v1/messages with ANTHROPIC_API_KEY injected: {events:?}"
+    );
     sidecar.assert_logs_clean();
+}
+
+/// Control for the test above: when the sidecar intercepts but holds no ANTHROPIC_API_KEY secret, the stub
+/// reaches the stand-in unchanged, the stand-in refuses it and `claude -p` fails. So the passing run really
+/// depends on the sidecar's swap, not on a stand-in that accepts anything.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn claude_code_with_only_the_stub_is_refused_by_the_stand_in() {
+    let Some(claude) = require_cli("claude", "@anthropic-ai/claude-code") else {
+        return;
+    };
+    let standin = StandIn::start(ANTHROPIC_REAL, OPENAI_REAL, false).await;
+    let sidecar = Sidecar::start(SidecarConfig {
+        intercept: Some("all".into()),
+        resolve: vec![(format!("{ANTHROPIC_HOST}:443"), standin.addr.to_string())],
+        upstream_ca_files: vec![standin.ca_pem_path.clone()],
+        egress_allow: vec![ANTHROPIC_HOST.to_string()],
+        ..SidecarConfig::default()
+    })
+    .await;
+    let home = tempfile::tempdir().expect("claude home");
+    let work = tempfile::tempdir().expect("claude workdir");
+    let mut env = harness_env(&sidecar, home.path());
+    env.extend(
+        [
+            ("ANTHROPIC_API_KEY", ANTHROPIC_STUB),
+            ("CLAUDE_CODE_DISABLE_NONESSENTIAL_TRAFFIC", "1"),
+            ("DISABLE_TELEMETRY", "1"),
+            ("DISABLE_AUTOUPDATER", "1"),
+            ("DISABLE_ERROR_REPORTING", "1"),
+        ]
+        .map(|(k, v)| (k.to_string(), v.to_string())),
+    );
+    let out = run_cli(
+        &claude,
+        &["-p", "say hi", "--output-format", "json"],
+        &env,
+        work.path(),
+        "",
+    )
+    .await;
+    let context = || format!("{}\nstand-in saw:\n{}", out.describe(), standin.summary());
+    assert!(!out.timed_out, "claude -p hung\n{}", context());
+    assert_ne!(out.exit, 0, "claude -p succeeded with only the stub\n{}", context());
+    assert!(
+        !out.stdout.contains(ANTHROPIC_REPLY),
+        "claude printed the stand-in's reply without the real key\n{}",
+        context()
+    );
+    let calls: Vec<_> = standin
+        .seen()
+        .into_iter()
+        .filter(|s| s.path.split('?').next() == Some("/v1/messages"))
+        .collect();
+    assert!(!calls.is_empty(), "claude never reached the stand-in\n{}", context());
+    assert!(
+        calls
+            .iter()
+            .all(|s| s.status == 401 && s.header("x-api-key") == Some(ANTHROPIC_STUB)),
+        "the stand-in should have refused the stub on every call\n{}",
+        context()
+    );
 }
 
 // ---------------------------------------------------------------------------------------------------------------

@@ -513,7 +513,7 @@ async fn websocket_through_tunnel_with_swapped_handshake() {
     let (mut ws, resp) = within(
         Duration::from_secs(20),
         "WebSocket handshake through the sidecar",
-        tokio_tungstenite::client_async(req, tls),
+        Box::pin(tokio_tungstenite::client_async(req, tls)),
     )
     .await
     .expect("WebSocket handshake");
@@ -879,4 +879,293 @@ async fn download_256mib_streams_with_bounded_memory() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn download_1gib_streams_with_bounded_memory() {
     download_bounded(1 << 30, 200).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sni_must_name_the_connect_target() {
+    let h = Harness::default_setup().await;
+    let (s, reply) = connect_raw(h.sidecar.proxy, "api.anthropic.com:443").await;
+    assert_eq!(reply.status, 200, "{}", reply.head);
+    // SNI names a different bound host; Host agrees with the CONNECT target.
+    match tls_over_unverified(s, "api.github.com", &["http/1.1"]).await {
+        Err(_) => {} // refused at the handshake: correct
+        Ok(tls) => {
+            let mut conn = tokio::io::BufReader::new(tls);
+            let req = format!(
+                "GET /echo HTTP/1.1\r\nHost: api.anthropic.com\r\nAuthorization: Bearer {GITHUB_STUB}\r\nx-api-key: {ANTHROPIC_STUB}\r\nConnection: close\r\n\r\n"
+            );
+            let wrote = conn.get_mut().write_all(req.as_bytes()).await;
+            if wrote.is_ok() {
+                let resp = within(
+                    Duration::from_secs(20),
+                    "answer to a request under a mismatched SNI",
+                    read_response(&mut conn, false),
+                )
+                .await;
+                if let Ok(resp) = resp {
+                    assert!(
+                        (400..500).contains(&resp.status),
+                        "SNI api.github.com inside CONNECT api.anthropic.com must be refused, got {}",
+                        resp.head
+                    );
+                }
+            }
+        }
+    }
+    assert!(
+        h.upstream.requests().is_empty(),
+        "nothing may be sent upstream under a mismatched SNI: {:#?}",
+        h.upstream.requests()
+    );
+    h.assert_logs_clean();
+}
+
+const IP_STUB: &str = "lapstub-ip-1f2e3d4c5b6a";
+const IP_REAL: &str = "REAL-ip-target-6a5b4c3d2e1f";
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn ip_connect_target_gets_ip_san_leaf_and_swaps() {
+    let h = Harness::start(Alpn::Both, |c| {
+        c.secrets.push(SecretSpec::new(
+            "IP_TOKEN",
+            IP_STUB,
+            IP_REAL,
+            &["127.0.0.1"],
+            &["header"],
+        ))
+    })
+    .await;
+    let port = h.upstream.tls_addr.port();
+    let out = h
+        .sidecar
+        .curl()
+        .arg("-H")
+        .arg(format!("x-api-key: {IP_STUB}"))
+        .arg(format!("https://127.0.0.1:{port}/echo"))
+        .run()
+        .await
+        .ok();
+    assert_eq!(out.status, 200, "{}", out.body_text());
+    let rec = h.upstream.only_request_to("/echo");
+    assert_eq!(rec.header("x-api-key"), Some(IP_REAL));
+    assert_eq!(rec.sni, None, "IP targets carry no SNI upstream");
+    let proxy = format!("127.0.0.1:{}", h.sidecar.proxy.port());
+    let connect = format!("127.0.0.1:{port}");
+    let s = run_prog(
+        "openssl",
+        &["s_client", "-proxy", &proxy, "-connect", &connect, "-showcerts"],
+        &[],
+        None,
+    )
+    .await;
+    let leaf = first_pem_cert(&s.stdout).expect("leaf from s_client");
+    let leaf_path = h.sidecar.dir.path().join("ip-leaf.pem");
+    std::fs::write(&leaf_path, leaf).expect("write");
+    let text = run_prog(
+        "openssl",
+        &["x509", "-in", &leaf_path.to_string_lossy(), "-noout", "-text"],
+        &[],
+        None,
+    )
+    .await
+    .ok("openssl x509")
+    .stdout;
+    assert!(text.contains("IP Address:127.0.0.1"), "{text}");
+    run_prog(
+        "openssl",
+        &[
+            "verify",
+            "-x509_strict",
+            "-CAfile",
+            &h.sidecar.ca_path.to_string_lossy(),
+            &leaf_path.to_string_lossy(),
+        ],
+        &[],
+        None,
+    )
+    .await
+    .ok("IP leaf verifies strictly");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn hop_by_hop_headers_are_not_forwarded() {
+    let h = Harness::start(Alpn::Http1Only, |_| {}).await;
+    let out = h
+        .sidecar
+        .curl()
+        .args([
+            "--http1.1",
+            "-H",
+            "Connection: keep-alive, x-hop-token",
+            "-H",
+            "x-hop-token: must-not-pass",
+            "-H",
+            "Keep-Alive: timeout=5",
+            "-H",
+            "Proxy-Connection: keep-alive",
+            "-H",
+            "x-end-to-end: kept",
+            "https://api.anthropic.com/echo",
+        ])
+        .run()
+        .await
+        .ok();
+    assert_eq!(out.status, 200);
+    let rec = h.upstream.only_request_to("/echo");
+    assert_eq!(rec.version, "HTTP/1.1");
+    assert_eq!(rec.header("x-end-to-end"), Some("kept"));
+    for hop in ["x-hop-token", "keep-alive", "proxy-connection", "proxy-authorization"] {
+        assert!(rec.header(hop).is_none(), "{hop} forwarded: {rec:#?}");
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn chunked_request_body_is_swapped_and_reframed() {
+    let h = Harness::start(Alpn::Both, |_| {}).await;
+    let body = json_body_with_stub(3 << 20);
+    let want = replace_all(&body, BODY_STUB, BODY_REAL);
+    let file = h.sidecar.dir.path().join("chunked.json");
+    std::fs::write(&file, &body).expect("write");
+    let out = h
+        .sidecar
+        .curl()
+        .args(["--http1.1", "-H", "Transfer-Encoding: chunked", "-H"])
+        .arg(format!("x-api-key: {ANTHROPIC_STUB}"))
+        .arg("--data-binary")
+        .arg(format!("@{}", file.display()))
+        .arg("https://api.anthropic.com/upload")
+        .run()
+        .await
+        .ok();
+    assert_eq!(out.status, 200, "{}", out.body_text());
+    let rec = h.upstream.only_request_to("/upload");
+    assert_eq!(rec.header("x-api-key"), Some(ANTHROPIC_REAL));
+    assert_eq!(rec.body_len, Some(want.len() as u64));
+    assert_eq!(rec.body_sha256, Some(sha256_hex(&want)));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn config_from_vault_config_env_and_value_file() {
+    let upstream = Upstream::start(UpstreamOptions {
+        alpn: Alpn::Both,
+        git_token: None,
+    })
+    .await;
+    let vdir = tempfile::tempdir().expect("tempdir");
+    let value_file = vdir.path().join("file-token");
+    std::fs::write(&value_file, "REAL-from-value-file-0099").expect("write value file");
+    let mut cfg = SidecarConfig::standard(&upstream);
+    cfg.config_via_env = true;
+    cfg.child_env = vec![("LAP_TEST_ENV_VALUE".into(), "REAL-from-value-env-0077".into())];
+    cfg.extra_toml = format!(
+        "[[secrets]]\nname = \"FILE_TOKEN\"\nstub = \"lapstub-file-77aa88bb99\"\nvalue_file = \"{}\"\nhosts = [\"api.github.com\"]\n\n\
+         [[secrets]]\nname = \"ENV_TOKEN\"\nstub = \"lapstub-env-11cc22dd33\"\nvalue_env = \"LAP_TEST_ENV_VALUE\"\nhosts = [\"api.github.com\"]\n",
+        value_file.display()
+    );
+    let sidecar = Sidecar::start(cfg).await;
+    let out = sidecar
+        .curl()
+        .args([
+            "-H",
+            "x-file: lapstub-file-77aa88bb99",
+            "-H",
+            "x-env: lapstub-env-11cc22dd33",
+            "https://api.github.com/echo",
+        ])
+        .run()
+        .await
+        .ok();
+    assert_eq!(out.status, 200);
+    let rec = upstream.only_request_to("/echo");
+    assert_eq!(rec.header("x-file"), Some("REAL-from-value-file-0099"));
+    assert_eq!(rec.header("x-env"), Some("REAL-from-value-env-0077"));
+}
+
+const RELOAD_STUB: &str = "lapstub-reload-0a1b2c3d4e";
+
+fn write_secrets_file(path: &std::path::Path, value: &str) {
+    let doc = serde_json::json!({"secrets": [{
+        "name": "RELOADED_TOKEN",
+        "stub": RELOAD_STUB,
+        "value": value,
+        "hosts": ["api.github.com"],
+        "locations": ["header"],
+    }]});
+    // Write-then-rename, as a secret volume update does.
+    let tmp = path.with_extension("tmp");
+    std::fs::write(&tmp, doc.to_string()).expect("write secrets tmp");
+    std::fs::rename(&tmp, path).expect("rename secrets file");
+}
+
+async fn value_seen_upstream(h: &Harness, tag: &str) -> Option<String> {
+    let out = h
+        .sidecar
+        .curl()
+        .args([
+            "-H",
+            &format!("x-reload: {RELOAD_STUB}"),
+            "-H",
+            &format!("x-tag: {tag}"),
+        ])
+        .arg("https://api.github.com/echo")
+        .run()
+        .await
+        .ok();
+    assert_eq!(out.status, 200);
+    h.upstream
+        .requests()
+        .into_iter()
+        .find(|r| r.header("x-tag") == Some(tag))
+        .and_then(|r| r.header("x-reload").map(str::to_string))
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn secrets_file_reload_via_admin_and_sighup() {
+    let sdir = tempfile::tempdir().expect("tempdir");
+    let sf = sdir.path().join("secrets.json");
+    write_secrets_file(&sf, "REAL-reload-v1-aaaaaaaa");
+    let sf2 = sf.clone();
+    let h = Harness::start(Alpn::Both, move |c| c.secrets_file = Some(sf2)).await;
+    assert_eq!(
+        value_seen_upstream(&h, "t1").await.as_deref(),
+        Some("REAL-reload-v1-aaaaaaaa")
+    );
+
+    write_secrets_file(&sf, "REAL-reload-v2-bbbbbbbb");
+    let r = within(
+        Duration::from_secs(10),
+        "POST /reload",
+        raw_request(h.sidecar.admin, "POST", "/reload", &[], b""),
+    )
+    .await
+    .expect("POST /reload");
+    assert!((200..300).contains(&r.status), "{}{}", r.head, r.body_text());
+    assert_eq!(
+        value_seen_upstream(&h, "t2").await.as_deref(),
+        Some("REAL-reload-v2-bbbbbbbb")
+    );
+
+    write_secrets_file(&sf, "REAL-reload-v3-cccccccc");
+    run_prog("kill", &["-HUP", &h.sidecar.pid().to_string()], &[], None)
+        .await
+        .ok("kill -HUP");
+    // The reload is asynchronous: poll with a deadline.
+    let deadline = std::time::Instant::now() + Duration::from_secs(15);
+    let mut n = 0;
+    loop {
+        n += 1;
+        let seen = value_seen_upstream(&h, &format!("t3-{n}")).await;
+        if seen.as_deref() == Some("REAL-reload-v3-cccccccc") {
+            break;
+        }
+        assert!(
+            std::time::Instant::now() < deadline,
+            "SIGHUP / file change never applied the new value; last seen {seen:?}"
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    let stdout = h.sidecar.stdout();
+    for v in ["REAL-reload-v1", "REAL-reload-v2", "REAL-reload-v3"] {
+        assert!(!stdout.contains(v), "value in logs: {stdout}");
+    }
 }

@@ -199,7 +199,7 @@ async fn upstream_websocket_echo_directly() {
     let (mut ws, resp) = within(
         Duration::from_secs(10),
         "ws handshake",
-        tokio_tungstenite::client_async(req, tls),
+        Box::pin(tokio_tungstenite::client_async(req, tls)),
     )
     .await
     .expect("ws handshake");

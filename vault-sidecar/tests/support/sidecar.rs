@@ -47,6 +47,14 @@ pub struct SidecarConfig {
     pub egress_allow: Vec<String>,
     pub egress_deny: Vec<String>,
     pub secrets: Vec<SecretSpec>,
+    /// `secrets_file = ...` when set.
+    pub secrets_file: Option<PathBuf>,
+    /// Raw TOML appended after the rendered document (e.g. extra `[[secrets]]` with `value_file`).
+    pub extra_toml: String,
+    /// Pass the config path in `VAULT_CONFIG` instead of `--config`.
+    pub config_via_env: bool,
+    /// Extra environment for the sidecar process (e.g. for `value_env`).
+    pub child_env: Vec<(String, String)>,
 }
 
 impl SidecarConfig {
@@ -66,6 +74,10 @@ impl SidecarConfig {
             upstream_ca_files: vec![upstream.ca_pem_path.clone()],
             egress_allow: Vec::new(),
             egress_deny: Vec::new(),
+            secrets_file: None,
+            extra_toml: String::new(),
+            config_via_env: false,
+            child_env: Vec::new(),
             secrets: vec![
                 SecretSpec::new(
                     "ANTHROPIC_API_KEY",
@@ -135,7 +147,13 @@ impl SidecarConfig {
             })
             .collect();
         root.insert("secrets".into(), toml::Value::Array(secrets));
-        toml::to_string(&root).expect("render sidecar toml")
+        if let Some(f) = &self.secrets_file {
+            root.insert("secrets_file".into(), f.to_string_lossy().to_string().into());
+        }
+        let mut text = toml::to_string(&root).expect("render sidecar toml");
+        text.push('\n');
+        text.push_str(&self.extra_toml);
+        text
     }
 }
 
@@ -220,9 +238,16 @@ impl Sidecar {
         let stderr_path = dir.path().join("stderr.log");
         let stdout = std::fs::File::create(&stdout_path).expect("stdout file");
         let stderr = std::fs::File::create(&stderr_path).expect("stderr file");
-        let child = Command::new(SIDECAR_BIN)
-            .arg("--config")
-            .arg(&config_path)
+        let mut cmd = Command::new(SIDECAR_BIN);
+        if cfg.config_via_env {
+            cmd.env("VAULT_CONFIG", &config_path);
+        } else {
+            cmd.arg("--config").arg(&config_path);
+        }
+        for (k, v) in &cfg.child_env {
+            cmd.env(k, v);
+        }
+        let child = cmd
             .env("RUST_LOG", "info")
             .env("LAP_LOG", "info")
             .stdin(Stdio::null())
@@ -334,6 +359,30 @@ impl Sidecar {
     pub fn ca_pem(&self) -> String {
         std::fs::read_to_string(&self.ca_path).expect("read sidecar CA")
     }
+}
+
+/// Any request over a fresh connection (`Connection: close`), e.g. `POST /reload` on the admin port.
+pub async fn raw_request(
+    addr: SocketAddr,
+    method: &str,
+    path: &str,
+    headers: &[(&str, &str)],
+    body: &[u8],
+) -> std::io::Result<RawResponse> {
+    use tokio::io::AsyncWriteExt as _;
+    let mut s = tokio::net::TcpStream::connect(addr).await?;
+    let mut req = format!(
+        "{method} {path} HTTP/1.1\r\nHost: {addr}\r\nConnection: close\r\nContent-Length: {}\r\n",
+        body.len()
+    );
+    for (k, v) in headers {
+        req.push_str(&format!("{k}: {v}\r\n"));
+    }
+    req.push_str("\r\n");
+    s.write_all(req.as_bytes()).await?;
+    s.write_all(body).await?;
+    let mut r = tokio::io::BufReader::new(s);
+    super::read_response(&mut r, method == "HEAD").await
 }
 
 /// Plain `GET` over a fresh connection (`Connection: close`).
