@@ -91,11 +91,13 @@ async fn continuity_restart_adoption_and_vanished_sandbox() {
             "POST",
             &format!("{A}/sessions/{sid}/message_stream"),
             Some(json!({"text": "s"})),
-            1,
+            100,
         )
         .await;
     assert!(
-        sse.contains("event: message") && sse.contains("echo:s api:nokey resume:fake-conv-1"),
+        sse.contains("event: agent")
+            && sse.contains("event: message")
+            && sse.contains("echo:s api:nokey resume:fake-conv-1"),
         "{sse}"
     );
     let sse = server.sse("GET", &format!("{A}/sessions/{sid}/events"), None, 1).await;

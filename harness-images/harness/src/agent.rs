@@ -252,7 +252,8 @@ pub fn which(bin: &str) -> Option<PathBuf> {
     std::env::split_paths(&path).map(|d| d.join(bin)).find(|p| p.is_file())
 }
 
-/// Run the CLI once and read its answer.
+/// Run the CLI once and read its answer. Each stdout line (for claude and codex, one JSON
+/// event) is also sent to `events` as it arrives, when given.
 pub async fn run_once(
     kind: AgentKind,
     bin: &std::path::Path,
@@ -260,7 +261,13 @@ pub async fn run_once(
     conversation: Option<&str>,
     model: Option<&str>,
     prompt: Option<&str>,
+    events: Option<tokio::sync::mpsc::UnboundedSender<String>>,
 ) -> Result<Reply, AgentError> {
+    use tokio::io::{AsyncBufReadExt, AsyncReadExt, BufReader};
+    let spawn_err = |source| AgentError::Spawn {
+        bin: bin.display().to_string(),
+        source,
+    };
     let mut cmd = Command::new(bin);
     cmd.args(kind.args(text, conversation, model, prompt))
         .stdin(Stdio::null())
@@ -271,21 +278,37 @@ pub async fn run_once(
     cmd.env("CLAUDE_CODE_DISABLE_NONESSENTIAL_TRAFFIC", "1")
         .env("DISABLE_AUTOUPDATER", "1")
         .env("CI", "1");
-    let child = cmd.spawn().map_err(|source| AgentError::Spawn {
-        bin: bin.display().to_string(),
-        source,
-    })?;
-    let out = tokio::time::timeout(MESSAGE_TIMEOUT, child.wait_with_output())
+    let mut child = cmd.spawn().map_err(spawn_err)?;
+    let stdout_pipe = child.stdout.take();
+    let stderr_pipe = child.stderr.take();
+    let run = async {
+        let stderr_task = tokio::spawn(async move {
+            let mut buf = Vec::new();
+            if let Some(mut e) = stderr_pipe {
+                let _ = e.read_to_end(&mut buf).await;
+            }
+            String::from_utf8_lossy(&buf).into_owned()
+        });
+        let mut stdout = String::new();
+        if let Some(out) = stdout_pipe {
+            let mut lines = BufReader::new(out).lines();
+            while let Ok(Some(line)) = lines.next_line().await {
+                if let Some(tx) = &events {
+                    let _ = tx.send(line.clone());
+                }
+                stdout.push_str(&line);
+                stdout.push('\n');
+            }
+        }
+        let status = child.wait().await.map_err(spawn_err)?;
+        let stderr = stderr_task.await.unwrap_or_default();
+        Ok::<_, AgentError>((status, stdout, stderr))
+    };
+    let (status, stdout, stderr) = tokio::time::timeout(MESSAGE_TIMEOUT, run)
         .await
-        .map_err(|_| AgentError::Timeout(MESSAGE_TIMEOUT))?
-        .map_err(|source| AgentError::Spawn {
-            bin: bin.display().to_string(),
-            source,
-        })?;
-    let stdout = String::from_utf8_lossy(&out.stdout);
-    let stderr = String::from_utf8_lossy(&out.stderr);
+        .map_err(|_| AgentError::Timeout(MESSAGE_TIMEOUT))??;
     match kind.parse_output(&stdout) {
-        Ok(reply) if out.status.success() || !reply.text.is_empty() => Ok(reply),
+        Ok(reply) if status.success() || !reply.text.is_empty() => Ok(reply),
         Ok(_) => Err(AgentError::Failed(tail(&stderr))),
         Err(e) => {
             let detail = if stderr.trim().is_empty() {

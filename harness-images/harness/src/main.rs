@@ -2,7 +2,8 @@
 //!
 //! Environment: `PORT`, `HARNESS_AUTH_TOKEN` (required), `LAP_HARNESS_ID` (claude-code, codex,
 //! opencode, claude-agent-sdk; default claude-code), `LAP_MODEL`, `AGENT_PROMPT`, `REPO_URL`,
-//! `BRANCH`. A start-up failure prints `lap-harness: fatal: <reason>` and exits 3; the control
+//! `BRANCH`, `LAP_HARNESS_HOST` (bind address, default 127.0.0.1). A start-up failure prints
+//! `lap-harness: fatal: <reason>` and exits 3; the control
 //! plane shows that reason as the session's `failure_reason`.
 
 use std::process::ExitCode;
@@ -75,7 +76,9 @@ async fn main() -> ExitCode {
         prompt: env("AGENT_PROMPT"),
         conversation: tokio::sync::Mutex::new(None),
     });
-    let listener = match tokio::net::TcpListener::bind(("127.0.0.1", port)).await {
+    // Loopback for the local backend; LAP_HARNESS_HOST=0.0.0.0 in a container.
+    let host = env("LAP_HARNESS_HOST").unwrap_or_else(|| "127.0.0.1".into());
+    let listener = match tokio::net::TcpListener::bind((host.as_str(), port)).await {
         Ok(l) => l,
         Err(e) => return fatal(format!("cannot listen on port {port}: {e}")),
     };

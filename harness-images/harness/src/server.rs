@@ -7,11 +7,13 @@ use std::sync::Arc;
 use axum::extract::{Request, State};
 use axum::http::{header, StatusCode};
 use axum::middleware::{self, Next};
-use axum::response::sse::{Event, Sse};
+use axum::response::sse::{Event, KeepAlive, Sse};
 use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
 use axum::{Json, Router};
-use futures_util::stream::{self, Stream};
+use std::convert::Infallible;
+
+use futures_util::stream;
 use serde::Deserialize;
 use tokio::sync::Mutex;
 
@@ -71,17 +73,14 @@ async fn healthz(State(h): State<Arc<Harness>>) -> Json<serde_json::Value> {
     Json(serde_json::json!({ "status": "ok", "harness_id": h.harness_id }))
 }
 
-async fn run(h: &Harness, text: &str) -> Result<String, agent::AgentError> {
+async fn run(
+    h: &Harness,
+    text: &str,
+    events: Option<tokio::sync::mpsc::UnboundedSender<String>>,
+) -> Result<String, agent::AgentError> {
     let mut conv = h.conversation.lock().await;
-    let reply = agent::run_once(
-        h.kind,
-        &h.bin,
-        text,
-        conv.as_deref(),
-        h.model.as_deref(),
-        h.prompt.as_deref(),
-    )
-    .await?;
+    let (model, prompt) = (h.model.as_deref(), h.prompt.as_deref());
+    let reply = agent::run_once(h.kind, &h.bin, text, conv.as_deref(), model, prompt, events).await?;
     if reply.conversation.is_some() {
         *conv = reply.conversation.clone();
     }
@@ -89,7 +88,7 @@ async fn run(h: &Harness, text: &str) -> Result<String, agent::AgentError> {
 }
 
 async fn message(State(h): State<Arc<Harness>>, Json(m): Json<MessageIn>) -> Response {
-    match run(&h, &m.text).await {
+    match run(&h, &m.text, None).await {
         Ok(text) => Json(serde_json::json!({ "parts": [{ "type": "text", "text": text }] })).into_response(),
         Err(e) => {
             tracing::warn!(error = %e, "message failed");
@@ -98,15 +97,21 @@ async fn message(State(h): State<Arc<Harness>>, Json(m): Json<MessageIn>) -> Res
     }
 }
 
-/// SSE: a `message` event with the parts once the agent answers (or an `error` event).
+/// SSE: an `agent` event per line the CLI prints (its own JSON events), then a `message`
+/// event with the parts, or an `error` event.
 async fn message_stream(State(h): State<Arc<Harness>>, Json(m): Json<MessageIn>) -> Response {
-    let stream = async_stream(h, m.text);
-    Sse::new(stream).into_response()
-}
-
-fn async_stream(h: Arc<Harness>, text: String) -> impl Stream<Item = Result<Event, std::convert::Infallible>> {
-    stream::once(async move {
-        let ev = match run(&h, &text).await {
+    let (tx, rx) = tokio::sync::mpsc::unbounded_channel::<Event>();
+    tokio::spawn(async move {
+        let (line_tx, mut line_rx) = tokio::sync::mpsc::unbounded_channel::<String>();
+        let forward_tx = tx.clone();
+        let forward = tokio::spawn(async move {
+            while let Some(line) = line_rx.recv().await {
+                let _ = forward_tx.send(Event::default().event("agent").data(line));
+            }
+        });
+        let result = run(&h, &m.text, Some(line_tx)).await;
+        let _ = forward.await;
+        let ev = match result {
             Ok(t) => Event::default()
                 .event("message")
                 .json_data(serde_json::json!({ "parts": [{ "type": "text", "text": t }] })),
@@ -114,6 +119,10 @@ fn async_stream(h: Arc<Harness>, text: String) -> impl Stream<Item = Result<Even
                 .event("error")
                 .json_data(serde_json::json!({ "error": e.to_string() })),
         };
-        Ok(ev.unwrap_or_else(|_| Event::default().event("error")))
-    })
+        let _ = tx.send(ev.unwrap_or_else(|_| Event::default().event("error")));
+    });
+    let stream = stream::unfold(rx, |mut rx| async move {
+        rx.recv().await.map(|e| (Ok::<_, Infallible>(e), rx))
+    });
+    Sse::new(stream).keep_alive(KeepAlive::default()).into_response()
 }

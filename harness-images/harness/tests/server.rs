@@ -1,0 +1,120 @@
+//! `lap-harness` as a process: token checks, a message and its SSE form through a stand-in
+//! agent CLI (a shell script on PATH), and the fatal start-up line when the CLI is missing.
+
+#![allow(clippy::unwrap_used)]
+
+use std::os::unix::fs::PermissionsExt;
+use std::process::Stdio;
+use std::time::{Duration, Instant};
+
+const FAKE_CLAUDE: &str = r#"#!/bin/sh
+text="$2"; resume=none
+while [ $# -gt 0 ]; do case "$1" in --resume) resume="$2"; shift ;; esac; shift; done
+echo '{"type":"system","subtype":"init","session_id":"c-1"}'
+echo "{\"type\":\"result\",\"subtype\":\"success\",\"is_error\":false,\"result\":\"got:$text resume:$resume\",\"session_id\":\"c-1\"}"
+"#;
+
+fn path_with(dir: &std::path::Path, script: Option<&str>) -> String {
+    let bin = dir.join("bin");
+    std::fs::create_dir_all(&bin).unwrap();
+    if let Some(s) = script {
+        std::fs::write(bin.join("claude"), s).unwrap();
+        std::fs::set_permissions(bin.join("claude"), std::fs::Permissions::from_mode(0o755)).unwrap();
+    }
+    bin.display().to_string()
+}
+
+#[tokio::test]
+async fn serves_messages_with_continuity_behind_the_token() {
+    let dir = tempfile::tempdir().unwrap();
+    let port = std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port();
+    let _child = tokio::process::Command::new(env!("CARGO_BIN_EXE_lap-harness"))
+        .env_clear()
+        .env("PATH", path_with(dir.path(), Some(FAKE_CLAUDE)))
+        .env("PORT", port.to_string())
+        .env("HARNESS_AUTH_TOKEN", "tok")
+        .env("LAP_HARNESS_ID", "claude-code")
+        .current_dir(dir.path())
+        .stdout(Stdio::null())
+        .kill_on_drop(true)
+        .spawn()
+        .unwrap();
+    let http = reqwest::Client::builder().no_proxy().build().unwrap();
+    let url = format!("http://127.0.0.1:{port}");
+    let deadline = Instant::now() + Duration::from_secs(20);
+    while !http
+        .get(format!("{url}/healthz"))
+        .send()
+        .await
+        .is_ok_and(|r| r.status().is_success())
+    {
+        assert!(Instant::now() < deadline, "harness did not start");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    let r = http
+        .post(format!("{url}/message"))
+        .json(&serde_json::json!({"text": "hi"}))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), 401);
+    let r = http
+        .post(format!("{url}/message"))
+        .bearer_auth("nope")
+        .json(&serde_json::json!({"text": "hi"}))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), 401);
+    let r: serde_json::Value = http
+        .post(format!("{url}/message"))
+        .bearer_auth("tok")
+        .json(&serde_json::json!({"text": "hi"}))
+        .send()
+        .await
+        .unwrap()
+        .json()
+        .await
+        .unwrap();
+    assert_eq!(
+        r,
+        serde_json::json!({"parts": [{"type": "text", "text": "got:hi resume:none"}]})
+    );
+    let body = http
+        .post(format!("{url}/message_stream"))
+        .bearer_auth("tok")
+        .json(&serde_json::json!({"text": "again"}))
+        .send()
+        .await
+        .unwrap()
+        .text()
+        .await
+        .unwrap();
+    assert!(body.contains("event: agent\ndata: {\"type\":\"system\""), "{body}");
+    assert!(
+        body.contains("event: message") && body.contains("got:again resume:c-1"),
+        "{body}"
+    );
+}
+
+#[test]
+fn a_missing_cli_is_a_fatal_reason() {
+    let dir = tempfile::tempdir().unwrap();
+    let out = std::process::Command::new(env!("CARGO_BIN_EXE_lap-harness"))
+        .env_clear()
+        .env("PATH", path_with(dir.path(), None))
+        .env("HARNESS_AUTH_TOKEN", "tok")
+        .env("LAP_HARNESS_ID", "opencode")
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(3));
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        err.contains("lap-harness: fatal: the `opencode` CLI") && err.contains("opencode-ai"),
+        "{err}"
+    );
+}
