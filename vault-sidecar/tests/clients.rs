@@ -1188,3 +1188,118 @@ async fn secrets_file_reload_via_admin_and_sighup() {
         assert!(!stdout.contains(v), "value in logs: {stdout}");
     }
 }
+
+const WILD_STUB: &str = "lapstub-wild-9e8d7c6b5a";
+const WILD_REAL: &str = "REAL-wildcard-5a6b7c8d9e";
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn wildcard_binding_covers_subdomains_not_the_apex() {
+    let h = Harness::start(Alpn::Both, |c| {
+        c.secrets.push(SecretSpec::new(
+            "WILD_TOKEN",
+            WILD_STUB,
+            WILD_REAL,
+            &["*.github.com"],
+            &["header"],
+        ));
+    })
+    .await;
+    // Subdomains at any depth: api.github.com (mapped by the standard config).
+    let out = h
+        .sidecar
+        .curl()
+        .args(["-H", &format!("x-wild: {WILD_STUB}"), "https://api.github.com/echo"])
+        .run()
+        .await
+        .ok();
+    assert_eq!(out.status, 200);
+    assert_eq!(h.upstream.only_request_to("/echo").header("x-wild"), Some(WILD_REAL));
+    // The apex github.com is intercepted (GITHUB_TOKEN is bound there) but *.github.com does not cover it:
+    // the stub must not be swapped there, and is refused as exfiltration.
+    let out = h
+        .sidecar
+        .curl()
+        .args(["-H", &format!("x-wild: {WILD_STUB}"), "https://github.com/echo"])
+        .run()
+        .await
+        .ok();
+    assert_eq!(out.status, 403, "{}", out.body_text());
+    assert_eq!(out.header("x-vault-blocked"), Some("stub-exfiltration"));
+    assert!(out.body_text().contains("WILD_TOKEN"), "{}", out.body_text());
+    assert_eq!(h.upstream.requests_to("/echo").len(), 1);
+    assert!(!h
+        .upstream
+        .requests()
+        .iter()
+        .any(|r| r.authority.as_deref() == Some("github.com")));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn wildcard_binding_reaches_deep_subdomains() {
+    let upstream = Upstream::start(UpstreamOptions {
+        alpn: Alpn::Both,
+        git_token: None,
+    })
+    .await;
+    let mut cfg = SidecarConfig::standard(&upstream);
+    cfg.resolve
+        .push(("deep.sub.github.com:443".into(), upstream.tls_addr.to_string()));
+    cfg.secrets.push(SecretSpec::new(
+        "WILD_TOKEN",
+        WILD_STUB,
+        WILD_REAL,
+        &["*.github.com"],
+        &["header"],
+    ));
+    let sidecar = Sidecar::start(cfg).await;
+    let out = sidecar
+        .curl()
+        .args([
+            "-H",
+            &format!("x-wild: {WILD_STUB}"),
+            "https://deep.sub.github.com/echo",
+        ])
+        .run()
+        .await
+        .ok();
+    assert_eq!(out.status, 200, "{}", out.body_text());
+    let rec = upstream.only_request_to("/echo");
+    assert_eq!(rec.header("x-wild"), Some(WILD_REAL));
+    assert_eq!(rec.sni.as_deref(), Some("deep.sub.github.com"));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn egress_deny_by_ip_and_cidr() {
+    let h = Harness::start(Alpn::Both, |c| {
+        c.egress_deny = vec!["127.0.0.0/8".into()];
+    })
+    .await;
+    let target = format!("127.0.0.1:{}", h.upstream.tls_addr.port());
+    let (_s, reply) = connect_raw(h.sidecar.proxy, &target).await;
+    assert_eq!(reply.status, 403, "CONNECT {target}: {}", reply.head);
+    assert_eq!(reply.header("x-vault-blocked"), Some("egress-policy"));
+    assert!(h.upstream.requests().is_empty());
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn half_closed_client_still_gets_its_response() {
+    let h = Harness::default_setup().await;
+    let mut s = tokio::net::TcpStream::connect(h.sidecar.proxy).await.expect("connect");
+    s.write_all(
+        b"GET http://api.anthropic.com/big?bytes=200000 HTTP/1.1\r\nHost: api.anthropic.com\r\nConnection: close\r\n\r\n",
+    )
+    .await
+    .expect("write");
+    s.shutdown().await.expect("half-close");
+    let mut r = tokio::io::BufReader::new(s);
+    let resp = within(
+        Duration::from_secs(20),
+        "response after half-close",
+        read_response(&mut r, false),
+    )
+    .await
+    .expect("response");
+    assert_eq!(resp.status, 200, "{}", resp.head);
+    assert_eq!(resp.body.len(), 200_000);
+    assert_eq!(sha256_hex(&resp.body), pattern_sha256(200_000));
+}

@@ -181,7 +181,11 @@ pub fn opaque_encoded_body(enc: &str) -> Bytes {
     Bytes::from(v)
 }
 
-/// Test upstream PKI: a CA and a leaf for [`UPSTREAM_HOSTS`] + 127.0.0.1.
+/// Names the upstream certificate covers beyond [`UPSTREAM_HOSTS`] (not mapped by the standard config; a test
+/// that uses one adds its own `[resolve]` entry).
+pub const EXTRA_CERT_HOSTS: [&str; 1] = ["deep.sub.github.com"];
+
+/// Test upstream PKI: a CA and a leaf for [`UPSTREAM_HOSTS`], [`EXTRA_CERT_HOSTS`] and 127.0.0.1.
 fn upstream_pki() -> (String, Vec<CertificateDer<'static>>, PrivateKeyDer<'static>) {
     use rcgen::{
         BasicConstraints, CertificateParams, DnType, ExtendedKeyUsagePurpose, IsCa, KeyPair, KeyUsagePurpose, SanType,
@@ -200,8 +204,14 @@ fn upstream_pki() -> (String, Vec<CertificateDer<'static>>, PrivateKeyDer<'stati
     let ca = ca_params.self_signed(&ca_key).expect("ca self-signed");
 
     let leaf_key = KeyPair::generate().expect("leaf key");
-    let mut leaf_params =
-        CertificateParams::new(UPSTREAM_HOSTS.iter().map(|h| h.to_string()).collect::<Vec<_>>()).expect("leaf params");
+    let mut leaf_params = CertificateParams::new(
+        UPSTREAM_HOSTS
+            .iter()
+            .chain(EXTRA_CERT_HOSTS.iter())
+            .map(|h| h.to_string())
+            .collect::<Vec<_>>(),
+    )
+    .expect("leaf params");
     leaf_params
         .subject_alt_names
         .push(SanType::IpAddress(IpAddr::V4(Ipv4Addr::LOCALHOST)));
