@@ -406,6 +406,7 @@ async fn claude_code_with_only_the_stub_is_refused_by_the_stand_in() {
             ("DISABLE_TELEMETRY", "1"),
             ("DISABLE_AUTOUPDATER", "1"),
             ("DISABLE_ERROR_REPORTING", "1"),
+            ("CLAUDE_CODE_MAX_RETRIES", "0"),
         ]
         .map(|(k, v)| (k.to_string(), v.to_string())),
     );

@@ -332,10 +332,14 @@ fn anthropic(seen: &Seen, path: &str, ctx: &Ctx) -> Option<Response<Body>> {
         | ("GET", "/api/claude_code/policy_limits")
             if !authed =>
         {
-            Some(json_response(
+            let mut r = json_response(
                 StatusCode::UNAUTHORIZED,
                 &json!({"type": "error", "error": {"type": "authentication_error", "message": "invalid x-api-key"}}),
-            ))
+            );
+            // As the real API does: a bad key is not worth retrying.
+            r.headers_mut()
+                .insert("x-should-retry", hyper::header::HeaderValue::from_static("false"));
+            Some(r)
         }
         ("POST", "/v1/messages/count_tokens") => Some(json_response(StatusCode::OK, &json!({"input_tokens": 12}))),
         // Claude Code asks for remotely managed settings and policy limits at start; an API-key account has none.
