@@ -437,6 +437,7 @@ impl App {
             secrets
         };
 
+        let (phase_tx, mut phase_rx) = tokio::sync::mpsc::unbounded_channel::<&'static str>();
         let now = now_ms();
         let session = Session {
             id: new_id("ses"),
@@ -465,10 +466,20 @@ impl App {
             deny_out: agent.spec.deny_out.clone(),
             secrets: secrets.into_values().collect(),
             harness_token: random_hex(24),
+            phases: Some(phase_tx),
         };
         if let Ok(mut f) = self.in_flight.lock() {
             f.insert(session.id.clone());
         }
+        let app = Arc::clone(self);
+        let sid = session.id.clone();
+        tokio::spawn(async move {
+            while let Some(phase) = phase_rx.recv().await {
+                if app.store.set_phase(&sid, phase).await.is_ok() {
+                    app.emit(&sid).await;
+                }
+            }
+        });
         let app = Arc::clone(self);
         let initial_prompt = req.initial_prompt.clone();
         tokio::spawn(async move { app.bring_up(spec, initial_prompt).await });

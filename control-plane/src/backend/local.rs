@@ -327,6 +327,7 @@ impl LocalBackend {
         write_private(&dir.join("sidecar.toml"), toml.as_bytes())?;
 
         // The vault first.
+        spec.phase("starting-vault");
         let mut cmd = Command::new(&self.config.sidecar_bin);
         cmd.arg("--config")
             .arg(dir.join("sidecar.toml"))
@@ -360,6 +361,7 @@ impl LocalBackend {
         std::fs::write(dir.join("ca-bundle.pem"), bundle).map_err(io("cannot write the CA bundle"))?;
 
         // Then the harness, holding only stubs.
+        spec.phase("starting-harness");
         let mut cmd = Command::new(&self.config.harness_bin);
         cmd.env_clear().current_dir(dir.join("home").join("workspace"));
         pass_env(&mut cmd, &["PATH", "LANG", "LAP_LOG", "RUST_LOG", "USER", "LOGNAME"]);
@@ -567,6 +569,7 @@ mod tests {
                 ..SecretSpec::default()
             }],
             harness_token: "tok".into(),
+            phases: None,
         }
     }
 

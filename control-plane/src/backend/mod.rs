@@ -27,9 +27,18 @@ pub struct SandboxSpec {
     pub secrets: Vec<SecretSpec>,
     /// The per-session token the harness requires as Bearer.
     pub harness_token: String,
+    /// Bring-up progress (`starting-vault`, `starting-harness`), shown as the session's phase.
+    pub phases: Option<tokio::sync::mpsc::UnboundedSender<&'static str>>,
 }
 
 impl SandboxSpec {
+    /// Report a bring-up phase (ignored when nobody listens).
+    pub fn phase(&self, phase: &'static str) {
+        if let Some(tx) = &self.phases {
+            let _ = tx.send(phase);
+        }
+    }
+
     /// The harness's view of the secrets: name → stub.
     pub fn stub_env(&self) -> BTreeMap<String, String> {
         self.secrets.iter().map(|s| (s.name.clone(), s.stub.clone())).collect()
