@@ -123,6 +123,70 @@ where
     }
 }
 
+/// After an early final response (a `401` before the upload ended, RFC 9110 §15.5.2), the rest of
+/// the client's request body is read and discarded for at most this long ...
+pub const DRAIN_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(30);
+/// ... or this many bytes, so the client reads the response instead of a connection reset.
+pub const DRAIN_LIMIT: u64 = 64 << 20;
+
+/// A client request body that, when dropped unfinished (the upstream answered early), keeps
+/// reading and discarding what the client still sends, within [`DRAIN_TIMEOUT`] and
+/// [`DRAIN_LIMIT`]. Closing with unread bytes makes the kernel reset the connection, and clients
+/// (curl with `Expect: 100-continue`) then lose the final status.
+pub struct DrainOnDrop {
+    inner: Option<hyper::body::Incoming>,
+}
+
+impl DrainOnDrop {
+    pub fn new(inner: hyper::body::Incoming) -> Self {
+        Self { inner: Some(inner) }
+    }
+}
+
+impl Body for DrainOnDrop {
+    type Data = Bytes;
+    type Error = hyper::Error;
+
+    fn poll_frame(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Option<Result<Frame<Bytes>, hyper::Error>>> {
+        match self.inner.as_mut() {
+            Some(inner) => Pin::new(inner).poll_frame(cx),
+            None => Poll::Ready(None),
+        }
+    }
+
+    fn is_end_stream(&self) -> bool {
+        self.inner.as_ref().is_none_or(Body::is_end_stream)
+    }
+
+    fn size_hint(&self) -> SizeHint {
+        self.inner.as_ref().map(Body::size_hint).unwrap_or_default()
+    }
+}
+
+impl Drop for DrainOnDrop {
+    fn drop(&mut self) {
+        let Some(mut inner) = self.inner.take().filter(|b| !b.is_end_stream()) else {
+            return;
+        };
+        let Ok(handle) = tokio::runtime::Handle::try_current() else {
+            return;
+        };
+        handle.spawn(async move {
+            use http_body_util::BodyExt;
+            let drain = async {
+                let mut seen = 0u64;
+                while let Some(Ok(frame)) = inner.frame().await {
+                    seen += frame.data_ref().map_or(0, |d| d.len() as u64);
+                    if seen > DRAIN_LIMIT {
+                        break;
+                    }
+                }
+            };
+            let _ = tokio::time::timeout(DRAIN_TIMEOUT, drain).await;
+        });
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

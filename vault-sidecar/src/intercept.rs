@@ -198,6 +198,7 @@ impl Tunnel {
         let upgrade = is_upgrade(req.headers());
         let client_upgrade = upgrade.then(|| hyper::upgrade::on(&mut req));
         let (mut parts, body) = req.into_parts();
+        let body = crate::body::DrainOnDrop::new(body);
 
         // Request target: swap the query, refuse foreign stubs in the path.
         let pq = parts.uri.path_and_query().map_or("/", |pq| pq.as_str()).to_owned();
