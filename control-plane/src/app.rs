@@ -601,7 +601,7 @@ impl App {
                 .and_then(|e| e.as_str())
                 .unwrap_or("no details")
                 .to_owned();
-            return Err(ApiError::BadGateway(format!("the agent failed: {msg}")));
+            return Err(ApiError::BadGateway(msg));
         }
         Ok(body)
     }
