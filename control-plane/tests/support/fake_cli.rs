@@ -7,10 +7,10 @@ use std::os::unix::fs::PermissionsExt;
 use std::path::{Path, PathBuf};
 
 const SCRIPT: &str = r#"#!/bin/sh
-text="$2"
+text=""
 resume=none
 while [ $# -gt 0 ]; do
-  case "$1" in --resume) resume="$2"; shift ;; esac
+  case "$1" in --resume) resume="$2"; shift ;; --) text="$2"; break ;; esac
   shift
 done
 api=nokey

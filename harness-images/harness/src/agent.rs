@@ -77,7 +77,7 @@ impl AgentKind {
         let mut a: Vec<String> = Vec::new();
         match self {
             Self::ClaudeCode | Self::ClaudeAgentSdk => {
-                a.extend(["-p", text, "--output-format", "stream-json", "--verbose"].map(String::from));
+                a.extend(["-p", "--output-format", "stream-json", "--verbose"].map(String::from));
                 if let Some(id) = conversation {
                     a.extend(["--resume".to_owned(), id.to_owned()]);
                 }
@@ -87,6 +87,7 @@ impl AgentKind {
                 if let Some(p) = prompt {
                     a.extend(["--append-system-prompt".to_owned(), p.to_owned()]);
                 }
+                a.extend(["--".to_owned(), text.to_owned()]);
             }
             Self::Codex => {
                 a.extend(["exec", "--json", "--skip-git-repo-check"].map(String::from));
@@ -100,7 +101,8 @@ impl AgentKind {
                     (Some(p), None) => format!("{p}\n\n{text}"),
                     _ => text.to_owned(),
                 };
-                a.push(text);
+                // `--`: a message starting with `-` is still the message.
+                a.extend(["--".to_owned(), text]);
             }
             Self::Opencode => {
                 a.push("run".to_owned());
@@ -114,7 +116,8 @@ impl AgentKind {
                     (Some(p), None) => format!("{p}\n\n{text}"),
                     _ => text.to_owned(),
                 };
-                a.push(text);
+                // `--`: a message starting with `-` is still the message.
+                a.extend(["--".to_owned(), text]);
             }
         }
         a
@@ -334,7 +337,9 @@ mod tests {
     #[test]
     fn claude_args_resume_and_model() {
         let a = AgentKind::ClaudeCode.args("hi", None, None, None);
-        assert_eq!(a, ["-p", "hi", "--output-format", "stream-json", "--verbose"]);
+        assert_eq!(a, ["-p", "--output-format", "stream-json", "--verbose", "--", "hi"]);
+        let a = AgentKind::ClaudeCode.args("--help me", None, None, None);
+        assert_eq!(a[a.len() - 2..], ["--", "--help me"]);
         let a = AgentKind::ClaudeCode.args("hi", Some("abc"), Some("m"), Some("be nice"));
         assert!(a.windows(2).any(|w| w == ["--resume", "abc"]));
         assert!(a.windows(2).any(|w| w == ["--model", "m"]));
@@ -345,16 +350,16 @@ mod tests {
     fn codex_and_opencode_args() {
         assert_eq!(
             AgentKind::Codex.args("hi", None, None, None),
-            ["exec", "--json", "--skip-git-repo-check", "hi"]
+            ["exec", "--json", "--skip-git-repo-check", "--", "hi"]
         );
         assert_eq!(
             AgentKind::Codex.args("hi", Some("t1"), None, None),
-            ["exec", "--json", "--skip-git-repo-check", "resume", "t1", "hi"]
+            ["exec", "--json", "--skip-git-repo-check", "resume", "t1", "--", "hi"]
         );
-        assert_eq!(AgentKind::Opencode.args("hi", None, None, None), ["run", "hi"]);
+        assert_eq!(AgentKind::Opencode.args("hi", None, None, None), ["run", "--", "hi"]);
         assert_eq!(
             AgentKind::Opencode.args("hi", Some("continue"), None, None),
-            ["run", "--continue", "hi"]
+            ["run", "--continue", "--", "hi"]
         );
     }
 

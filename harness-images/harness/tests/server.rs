@@ -8,8 +8,8 @@ use std::process::Stdio;
 use std::time::{Duration, Instant};
 
 const FAKE_CLAUDE: &str = r#"#!/bin/sh
-text="$2"; resume=none
-while [ $# -gt 0 ]; do case "$1" in --resume) resume="$2"; shift ;; esac; shift; done
+text=""; resume=none
+while [ $# -gt 0 ]; do case "$1" in --resume) resume="$2"; shift ;; --) text="$2"; break ;; esac; shift; done
 echo '{"type":"system","subtype":"init","session_id":"c-1"}'
 echo "{\"type\":\"result\",\"subtype\":\"success\",\"is_error\":false,\"result\":\"got:$text resume:$resume\",\"session_id\":\"c-1\"}"
 "#;
