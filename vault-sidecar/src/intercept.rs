@@ -36,6 +36,9 @@ use crate::upstream::{find_upstream_error, BoxError, ProxyBody};
 pub const CLIENT_HANDSHAKE_TIMEOUT: Duration = Duration::from_secs(10);
 /// HTTP/1.1 request-head read deadline inside a tunnel; long, so idle keep-alive tunnels survive.
 pub const HEADER_READ_TIMEOUT: Duration = Duration::from_secs(600);
+/// Largest HTTP/1.1 request head (request line + headers) accepted from a client, on the proxy port
+/// and inside tunnels; larger heads get `431` (hyper's default would buffer ~400 KiB and forward it).
+pub const MAX_REQUEST_HEAD: usize = 64 * 1024;
 /// Request bodies up to this size that need rewriting are rewritten whole, keeping an exact
 /// `Content-Length`; larger ones are streamed with chunked framing.
 pub const EXACT_LENGTH_LIMIT: u64 = 1 << 20;
@@ -108,6 +111,7 @@ where
         hyper::server::conn::http1::Builder::new()
             .timer(TokioTimer::new())
             .header_read_timeout(HEADER_READ_TIMEOUT)
+            .max_header_size(MAX_REQUEST_HEAD)
             .half_close(true)
             .serve_connection(io, service)
             .with_upgrades()
@@ -142,6 +146,15 @@ fn authority_matches(req: &Request<Incoming>, target: &Target) -> bool {
         None => req.version() < Version::HTTP_11,
         Some((host, port)) => TargetHost::parse(&host) == target.host && port.is_none_or(|p| p == target.port),
     }
+}
+
+/// What follows the response head.
+enum Relay {
+    /// A body, redacted when a redactor is given.
+    Body(ProxyBody, Option<rewrite::StreamRewriter>),
+    /// A protocol switch (WebSocket): client and upstream upgrades to join.
+    Upgrade(hyper::upgrade::OnUpgrade, hyper::upgrade::OnUpgrade),
+    Empty,
 }
 
 /// Per-request counters shared by the request body, the response body and the audit event.
@@ -322,18 +335,11 @@ impl Tunnel {
 
         // WebSocket (or other) upgrade: relay raw bytes both ways once both sides have switched.
         if resp.status() == StatusCode::SWITCHING_PROTOCOLS {
-            if let Some(client_upgrade) = client_upgrade {
-                let upstream_upgrade = hyper::upgrade::on(&mut resp);
-                tokio::spawn(async move {
-                    if let (Ok(c), Ok(u)) = (client_upgrade.await, upstream_upgrade.await) {
-                        let _ = tokio::io::copy_bidirectional(&mut TokioIo::new(c), &mut TokioIo::new(u)).await;
-                    }
-                });
-            }
+            let relay = client_upgrade.map(|c| Relay::Upgrade(c, hyper::upgrade::on(&mut resp)));
             let (parts, _) = resp.into_parts();
             return self.finish_response(
                 parts,
-                None,
+                relay.unwrap_or(Relay::Empty),
                 record,
                 &secrets,
                 &exchange,
@@ -400,7 +406,7 @@ impl Tunnel {
         }
         self.finish_response(
             parts,
-            Some((body, redactor)),
+            Relay::Body(body, redactor),
             record,
             &secrets,
             &exchange,
@@ -471,7 +477,7 @@ impl Tunnel {
     fn finish_response(
         &self,
         parts: http::response::Parts,
-        body: Option<(ProxyBody, Option<rewrite::StreamRewriter>)>,
+        relay: Relay,
         record: Record,
         secrets: &Arc<SecretSet>,
         exchange: &Arc<Exchange>,
@@ -552,11 +558,26 @@ impl Tunnel {
             );
             proxy.audit.record(event);
         });
-        let body = match body {
-            Some((body, redactor)) => {
+        let body = match relay {
+            Relay::Body(body, redactor) => {
                 StreamBody::new(body, redactor, exchange.bytes_down.clone(), Some(on_end)).boxed_unsync()
             }
-            None => {
+            Relay::Upgrade(client, upstream) => {
+                // Raw bytes both ways once both sides have switched; audited when the relay ends.
+                let exchange = exchange.clone();
+                tokio::spawn(async move {
+                    if let (Ok(c), Ok(u)) = (client.await, upstream.await) {
+                        let copied = tokio::io::copy_bidirectional(&mut TokioIo::new(c), &mut TokioIo::new(u)).await;
+                        if let Ok((up, down)) = copied {
+                            exchange.bytes_up.fetch_add(up, Ordering::Relaxed);
+                            exchange.bytes_down.fetch_add(down, Ordering::Relaxed);
+                        }
+                    }
+                    on_end(&[]);
+                });
+                answer::empty()
+            }
+            Relay::Empty => {
                 on_end(&[]);
                 answer::empty()
             }
