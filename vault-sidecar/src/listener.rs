@@ -24,7 +24,7 @@ use crate::body::StreamBody;
 use crate::connect::{is_self, parse_target, should_intercept, Target};
 use crate::egress::EgressDecision;
 use crate::headers::strip_hop_by_hop;
-use crate::intercept::{humantime_now, serve_tunnel, HEADER_READ_TIMEOUT};
+use crate::intercept::{humantime_now, serve_tunnel, HEADER_READ_TIMEOUT, MAX_REQUEST_HEAD};
 use crate::metrics::{status_class, BlockLabels, ErrorLabels, RequestLabels};
 use crate::proxy::Proxy;
 use crate::upstream::{find_upstream_error, ProxyBody};
@@ -50,6 +50,7 @@ pub async fn serve(proxy: Arc<Proxy>, listener: TcpListener) {
             let conn = hyper::server::conn::http1::Builder::new()
                 .timer(TokioTimer::new())
                 .header_read_timeout(HEADER_READ_TIMEOUT)
+                .max_header_size(MAX_REQUEST_HEAD)
                 .half_close(true)
                 .serve_connection(TokioIo::new(stream), service)
                 .with_upgrades();
