@@ -45,6 +45,8 @@ const RESERVED_ANY_CASE: &[&str] = &[
     "CURL_CA_BUNDLE",
     "GIT_SSL_CAINFO",
     "CARGO_HTTP_CAINFO",
+    // Extension: codex's CA bundle variable, set like the others.
+    "CODEX_CA_CERTIFICATE",
 ];
 
 /// Built-in host bindings for well-known names.

@@ -9,7 +9,7 @@ use std::os::unix::fs::PermissionsExt;
 use std::time::Duration;
 
 use serde_json::json;
-use support::anthropic::{StandIn, REPLY};
+use support::anthropic::{StandIn, OPENAI_REPLY, REPLY};
 use support::server::{on_path, LapServer};
 
 const A: &str = "/api/v1/managed_agents";
@@ -17,9 +17,10 @@ const A: &str = "/api/v1/managed_agents";
 fn base_config(dir: &std::path::Path, standin: &StandIn) -> std::path::PathBuf {
     let p = dir.join("base.toml");
     let text = format!(
-        "upstream_ca_files = [{:?}]\n\n[resolve]\n\"api.anthropic.com:443\" = \"127.0.0.1:{}\"\n",
+        "upstream_ca_files = [{:?}]\n\n[resolve]\n\"api.anthropic.com:443\" = \"127.0.0.1:{port}\"\n\
+         \"api.openai.com:443\" = \"127.0.0.1:{port}\"\n",
         standin.ca_path.display().to_string(),
-        standin.port
+        port = standin.port
     );
     std::fs::write(&p, text).unwrap();
     p
@@ -152,6 +153,77 @@ async fn claude_code_session_gets_a_reply_through_the_vault() {
     let (s, v) = server.call("DELETE", &format!("{A}/sessions/{sid}"), None).await;
     assert_eq!((s, v["status"].as_str()), (200, Some("dead")));
     assert!(!sandbox.exists(), "the sandbox directory was not removed");
+}
+
+/// codex: `codex login --with-api-key` with the stub at start, then `codex exec --json` and
+/// `codex exec resume` per message, against a Responses API stand-in that only answers REAL.
+#[tokio::test(flavor = "multi_thread")]
+async fn codex_session_gets_a_reply_through_the_vault() {
+    if !on_path("codex") {
+        eprintln!("SKIPPED: the `codex` CLI is not on PATH (npm install -g @openai/codex)");
+        return;
+    }
+    let real = format!("sk-proj-REAL{}", lap_control_plane::app::new_id("k").replace('_', ""));
+    let standin = StandIn::start(&real).await;
+    let tmp = tempfile::tempdir().unwrap();
+    let base = base_config(tmp.path(), &standin);
+    let server = LapServer::start(
+        &tmp.path().join("data"),
+        &[("LAP_SIDECAR_BASE_CONFIG", base.display().to_string())],
+    )
+    .await;
+    let (s, agent) = server
+        .call(
+            "POST",
+            &format!("{A}/agents"),
+            Some(json!({"name": "cx", "harness_id": "codex", "model": "gpt-5"})),
+        )
+        .await;
+    assert_eq!(s, 201, "{agent}");
+    let aid = agent["id"].as_str().unwrap();
+    let (s, session) = server
+        .call(
+            "POST",
+            &format!("{A}/agents/{aid}/session"),
+            Some(json!({"env_vars": {"OPENAI_API_KEY": real}})),
+        )
+        .await;
+    assert_eq!(s, 201, "{session}");
+    let sid = session["id"].as_str().unwrap().to_owned();
+    let session = server.wait_settled(&sid, Duration::from_secs(90)).await;
+    assert_eq!(session["status"], "ready", "{session}");
+    let sandbox = server.data_dir.join("sandboxes").join(&sid);
+    let auth = std::fs::read_to_string(sandbox.join("home/.codex/auth.json")).unwrap_or_default();
+    assert!(
+        auth.contains("sk-proj-lapstub") && !auth.contains(&real),
+        "codex login stored: {auth}"
+    );
+
+    for text in ["Say hello", "Again"] {
+        let (s, reply) = server
+            .call(
+                "POST",
+                &format!("{A}/sessions/{sid}/message"),
+                Some(json!({"text": text})),
+            )
+            .await;
+        let log = std::fs::read_to_string(sandbox.join("harness.log")).unwrap_or_default();
+        assert_eq!(s, 200, "{reply}\nharness log:\n{log}");
+        assert!(
+            reply["parts"][0]["text"].as_str().unwrap().contains(OPENAI_REPLY),
+            "{reply}"
+        );
+    }
+    let (_, events) = server
+        .call("GET", &format!("{A}/sessions/{sid}/interceptions"), None)
+        .await;
+    let injected = events.as_array().unwrap().iter().any(|e| {
+        e["host"] == "api.openai.com"
+            && e["injected"]
+                .as_array()
+                .is_some_and(|i| i.iter().any(|x| x["secret"] == "OPENAI_API_KEY"))
+    });
+    assert!(injected, "no injection of OPENAI_API_KEY in {events}");
 }
 
 /// Without the agent CLI, the session fails with a reason that says so.

@@ -198,12 +198,14 @@ pub fn harness_env(spec: &SandboxSpec, dir: &Path, proxy_port: u16, harness_port
     env.push(("NO_PROXY".to_owned(), no_proxy.clone()));
     env.push(("no_proxy".to_owned(), no_proxy));
     env.push(("NODE_EXTRA_CA_CERTS".to_owned(), ca));
+    // SPEC §2.3's bundle variables, plus codex's own (it does not read SSL_CERT_FILE).
     for k in [
         "SSL_CERT_FILE",
         "REQUESTS_CA_BUNDLE",
         "CURL_CA_BUNDLE",
         "GIT_SSL_CAINFO",
         "CARGO_HTTP_CAINFO",
+        "CODEX_CA_CERTIFICATE",
     ] {
         env.push((k.to_owned(), bundle.clone()));
     }

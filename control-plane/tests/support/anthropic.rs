@@ -41,7 +41,8 @@ fn pki() -> (String, Vec<CertificateDer<'static>>, PrivateKeyDer<'static>) {
     ca_params.key_usages = vec![KeyUsagePurpose::KeyCertSign, KeyUsagePurpose::CrlSign];
     let ca = ca_params.self_signed(&ca_key).unwrap();
     let leaf_key = KeyPair::generate().unwrap();
-    let mut leaf_params = CertificateParams::new(vec!["api.anthropic.com".to_owned()]).unwrap();
+    let mut leaf_params =
+        CertificateParams::new(vec!["api.anthropic.com".to_owned(), "api.openai.com".to_owned()]).unwrap();
     leaf_params
         .distinguished_name
         .push(DnType::CommonName, "api.anthropic.com");
@@ -97,9 +98,16 @@ async fn handle(
     ok: Arc<AtomicUsize>,
     bad: Arc<AtomicUsize>,
 ) -> Result<Response<Full<Bytes>>, Infallible> {
+    let host = req.uri().host().map(str::to_owned).or_else(|| {
+        req.headers()
+            .get("host")
+            .and_then(|v| v.to_str().ok())
+            .map(|h| h.split(':').next().unwrap_or(h).to_owned())
+    });
     let key_ok = req.headers().get("x-api-key").and_then(|v| v.to_str().ok()) == Some(real.as_str())
         || req.headers().get("authorization").and_then(|v| v.to_str().ok()) == Some(&format!("Bearer {real}"));
     let path = req.uri().path().to_owned();
+    let method = req.method().clone();
     let body = req
         .into_body()
         .collect()
@@ -114,6 +122,9 @@ async fn handle(
             .body(Full::new(Bytes::from(body)))
             .unwrap())
     };
+    if host.as_deref() == Some("api.openai.com") {
+        return openai(&method, &path, &body, key_ok, &ok, &bad);
+    }
     if !key_ok {
         bad.fetch_add(1, Ordering::SeqCst);
         return resp(
@@ -143,6 +154,120 @@ async fn handle(
         "application/json",
         r#"{"type":"error","error":{"type":"not_found_error","message":"not here"}}"#.into(),
     )
+}
+
+/// The reply text the stand-in's OpenAI model gives.
+pub const OPENAI_REPLY: &str = "Hello from the local OpenAI stand-in";
+
+/// The Responses API (`POST /v1/responses`, SSE). The WebSocket form is refused (404), so codex
+/// falls back to `POST` + SSE.
+fn openai(
+    method: &hyper::Method,
+    path: &str,
+    body: &[u8],
+    key_ok: bool,
+    ok: &AtomicUsize,
+    bad: &AtomicUsize,
+) -> Result<Response<Full<Bytes>>, Infallible> {
+    let resp = |status: u16, ct: &str, body: String| {
+        Ok(Response::builder()
+            .status(status)
+            .header("content-type", ct)
+            .body(Full::new(Bytes::from(body)))
+            .unwrap())
+    };
+    let known = matches!(
+        (method.as_str(), path),
+        ("POST", "/v1/responses") | ("GET", "/v1/models")
+    );
+    if !known {
+        return resp(404, "application/json", r#"{"error":{"message":"not here"}}"#.into());
+    }
+    if !key_ok {
+        bad.fetch_add(1, Ordering::SeqCst);
+        return resp(
+            401,
+            "application/json",
+            r#"{"error":{"message":"Incorrect API key provided.","type":"invalid_request_error","code":"invalid_api_key"}}"#
+                .into(),
+        );
+    }
+    ok.fetch_add(1, Ordering::SeqCst);
+    if path == "/v1/models" {
+        return resp(
+            200,
+            "application/json",
+            r#"{"object":"list","data":[],"models":[]}"#.into(),
+        );
+    }
+    let v: serde_json::Value = serde_json::from_slice(body).unwrap_or_default();
+    let model = v
+        .get("model")
+        .and_then(|m| m.as_str())
+        .unwrap_or("gpt-standin")
+        .to_owned();
+    let (resp_id, msg_id) = ("resp_standin01", "msg_standin01");
+    let base = serde_json::json!({"id": resp_id, "object": "response", "created_at": 1_700_000_000, "model": model,
+        "status": "in_progress", "output": [], "usage": null});
+    let item = serde_json::json!({"type": "message", "id": msg_id, "status": "completed", "role": "assistant",
+        "content": [{"type": "output_text", "text": OPENAI_REPLY, "annotations": []}]});
+    let mut completed = base.clone();
+    completed["status"] = "completed".into();
+    completed["output"] = serde_json::json!([item.clone()]);
+    completed["usage"] = serde_json::json!({"input_tokens": 12, "input_tokens_details": {"cached_tokens": 0},
+        "output_tokens": 7, "output_tokens_details": {"reasoning_tokens": 0}, "total_tokens": 19});
+    let events = [
+        (
+            "response.created",
+            serde_json::json!({"sequence_number": 0, "response": base.clone()}),
+        ),
+        (
+            "response.in_progress",
+            serde_json::json!({"sequence_number": 1, "response": base}),
+        ),
+        (
+            "response.output_item.added",
+            serde_json::json!({"sequence_number": 2, "output_index": 0,
+            "item": {"type": "message", "id": msg_id, "status": "in_progress", "role": "assistant", "content": []}}),
+        ),
+        (
+            "response.content_part.added",
+            serde_json::json!({"sequence_number": 3, "item_id": msg_id,
+            "output_index": 0, "content_index": 0, "part": {"type": "output_text", "text": "", "annotations": []}}),
+        ),
+        (
+            "response.output_text.delta",
+            serde_json::json!({"sequence_number": 4, "item_id": msg_id,
+            "output_index": 0, "content_index": 0, "delta": OPENAI_REPLY}),
+        ),
+        (
+            "response.output_text.done",
+            serde_json::json!({"sequence_number": 5, "item_id": msg_id,
+            "output_index": 0, "content_index": 0, "text": OPENAI_REPLY}),
+        ),
+        (
+            "response.content_part.done",
+            serde_json::json!({"sequence_number": 6, "item_id": msg_id,
+            "output_index": 0, "content_index": 0,
+            "part": {"type": "output_text", "text": OPENAI_REPLY, "annotations": []}}),
+        ),
+        (
+            "response.output_item.done",
+            serde_json::json!({"sequence_number": 7, "output_index": 0, "item": item}),
+        ),
+        (
+            "response.completed",
+            serde_json::json!({"sequence_number": 8, "response": completed}),
+        ),
+    ];
+    let sse: String = events
+        .into_iter()
+        .map(|(t, mut v)| {
+            v["type"] = t.into();
+            format!("event: {t}\ndata: {v}\n\n")
+        })
+        .collect();
+    resp(200, "text/event-stream", sse)
 }
 
 impl StandIn {
