@@ -41,15 +41,46 @@ async fn main() -> ExitCode {
     tokio::spawn(reconciler::run(srv.app.clone(), settings.reconcile_interval));
     tracing::info!(listen = %settings.listen, "lap-server listening");
     println!("lap-server listening on http://{}", settings.listen);
-    let shutdown = async {
-        let _ = tokio::signal::ctrl_c().await;
+    // Ctrl-C / SIGTERM: stop accepting, let requests finish, but never wait more than 5 s on
+    // long-lived streams (SSE). Sandboxes keep running; the next start adopts them.
+    let (stop_tx, stop_rx) = tokio::sync::watch::channel(false);
+    tokio::spawn(async move {
+        wait_for_signal().await;
+        let _ = stop_tx.send(true);
+    });
+    let mut graceful = stop_rx.clone();
+    let server = axum::serve(listener, api::router(srv.app)).with_graceful_shutdown(async move {
+        let _ = graceful.wait_for(|stop| *stop).await;
+    });
+    let mut deadline = stop_rx;
+    let hard_stop = async move {
+        let _ = deadline.wait_for(|stop| *stop).await;
+        tokio::time::sleep(std::time::Duration::from_secs(5)).await;
     };
-    if let Err(e) = axum::serve(listener, api::router(srv.app))
-        .with_graceful_shutdown(shutdown)
-        .await
-    {
-        eprintln!("lap-server: {e}");
-        return ExitCode::FAILURE;
+    tokio::select! {
+        result = server => {
+            if let Err(e) = result {
+                eprintln!("lap-server: {e}");
+                return ExitCode::FAILURE;
+            }
+        }
+        () = hard_stop => tracing::info!("open streams did not close within 5s; exiting"),
     }
     ExitCode::SUCCESS
+}
+
+/// SIGINT (Ctrl-C) or SIGTERM.
+async fn wait_for_signal() {
+    let term = async {
+        match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()) {
+            Ok(mut s) => {
+                s.recv().await;
+            }
+            Err(_) => std::future::pending::<()>().await,
+        }
+    };
+    tokio::select! {
+        _ = tokio::signal::ctrl_c() => {}
+        () = term => {}
+    }
 }

@@ -119,3 +119,42 @@ fn bad_configuration_exits_2_naming_the_setting() {
     assert_eq!(code, 2, "{err}");
     assert!(err.contains("/nonexistent/vault-sidecar"), "{err}");
 }
+
+/// SIGTERM with an SSE stream open: the server still exits (after at most ~5 s).
+#[tokio::test(flavor = "multi_thread")]
+async fn sigterm_exits_even_with_an_open_event_stream() {
+    let tmp = tempfile::tempdir().unwrap();
+    let mut server = support::server::LapServer::start(&tmp.path().join("data"), &[]).await;
+    let a = "/api/v1/managed_agents";
+    let (_, agent) = server
+        .call(
+            "POST",
+            &format!("{a}/agents"),
+            Some(serde_json::json!({"name": "t", "harness_id": "opencode"})),
+        )
+        .await;
+    let (_, session) = server
+        .call(
+            "POST",
+            &format!("{a}/agents/{}/session", agent["id"].as_str().unwrap()),
+            None,
+        )
+        .await;
+    let sid = session["id"].as_str().unwrap().to_owned();
+    let events = server.sse("GET", &format!("{a}/sessions/{sid}/events"), None, 1).await;
+    assert!(events.contains("event: session"), "{events}");
+    // Keep a stream open while the server is told to stop.
+    let http = reqwest::Client::builder().no_proxy().build().unwrap();
+    let open = http
+        .get(format!("{}{a}/sessions/{sid}/events", server.url))
+        .bearer_auth(&server.key)
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(open.status(), 200);
+    let started = Instant::now();
+    let status = server.terminate().await;
+    assert!(status.is_some(), "lap-server did not exit after SIGTERM");
+    assert!(started.elapsed() < Duration::from_secs(15));
+    drop(open);
+}

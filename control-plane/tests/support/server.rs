@@ -148,6 +148,16 @@ impl LapServer {
         }
     }
 
+    /// SIGTERM the server and wait (up to 15 s) for it to exit; `None` if it did not.
+    pub async fn terminate(&mut self) -> Option<std::process::ExitStatus> {
+        let pid = self.child.id()? as i32;
+        nix::sys::signal::kill(nix::unistd::Pid::from_raw(pid), nix::sys::signal::Signal::SIGTERM).ok()?;
+        tokio::time::timeout(Duration::from_secs(15), self.child.wait())
+            .await
+            .ok()?
+            .ok()
+    }
+
     /// Stop the server abruptly (SIGKILL), leaving sandboxes running.
     pub async fn kill(mut self) {
         let _ = self.child.kill().await;
