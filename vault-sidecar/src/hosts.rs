@@ -123,10 +123,18 @@ pub enum TargetHost {
 
 impl TargetHost {
     /// Parse a host as it appears in an authority (`example.com`, `1.2.3.4`, `[::1]`, `::1`).
+    ///
+    /// A name the system resolver would read as an IPv4 address — `1.2.3.4.` (trailing dot) and the
+    /// inet_aton spellings `127.1`, `2130706433`, `0x7f.0.0.1`, `0177.0.0.1` — *is* that address, so
+    /// IP and CIDR rules (egress, bindings, the own-port check) apply to it.
     pub fn parse(host: &str) -> Self {
-        match parse_ip(host) {
+        if let Some(ip) = parse_ip(host) {
+            return Self::Ip(ip);
+        }
+        let name = normalize_name(host);
+        match parse_ip(&name).or_else(|| inet_aton(&name).map(IpAddr::V4)) {
             Some(ip) => Self::Ip(ip),
-            None => Self::Name(normalize_name(host)),
+            None => Self::Name(name),
         }
     }
 }
@@ -144,6 +152,42 @@ impl fmt::Display for TargetHost {
 pub fn parse_ip(s: &str) -> Option<IpAddr> {
     let inner = s.strip_prefix('[').and_then(|r| r.strip_suffix(']')).unwrap_or(s);
     inner.parse().ok()
+}
+
+/// IPv4 in the forms `inet_aton(3)` (and so `getaddrinfo`) accepts: 1 to 4 parts, each decimal, octal
+/// (leading `0`) or hex (`0x`), the last part filling the remaining bytes.
+fn inet_aton(s: &str) -> Option<std::net::Ipv4Addr> {
+    let parts: Vec<&str> = s.split('.').collect();
+    if parts.len() > 4 {
+        return None;
+    }
+    let mut nums = Vec::with_capacity(parts.len());
+    for p in parts {
+        let (digits, radix) = if let Some(h) = p.strip_prefix("0x").or_else(|| p.strip_prefix("0X")) {
+            (h, 16)
+        } else if p.len() > 1 && p.starts_with('0') {
+            (&p[1..], 8)
+        } else {
+            (p, 10)
+        };
+        if digits.is_empty() || !digits.chars().all(|c| c.is_digit(radix)) {
+            return None;
+        }
+        nums.push(u32::from_str_radix(digits, radix).ok()?);
+    }
+    let (&last, head) = nums.split_last()?;
+    if head.iter().any(|&n| n > 255) {
+        return None;
+    }
+    let last_bits = 8 * (4 - head.len() as u32);
+    if last_bits < 32 && last >= 1 << last_bits {
+        return None;
+    }
+    let high = head
+        .iter()
+        .enumerate()
+        .fold(0u32, |acc, (i, &n)| acc | n << (24 - 8 * i as u32));
+    Some(std::net::Ipv4Addr::from(high | last))
 }
 
 fn normalize_name(s: &str) -> String {

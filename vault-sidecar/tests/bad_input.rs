@@ -607,3 +607,40 @@ fn silent_connects(proxy: std::net::SocketAddr, n: usize) -> tokio::task::JoinSe
     }
     tasks
 }
+
+// ---------------------------------------------------------------- numeric host spellings
+
+/// Found by the connect_target fuzzer: `1.2.3.4.` (trailing dot) was a *name*, so IP and CIDR rules
+/// (egress deny, secret bindings, the own-port loop check) did not apply, yet the resolver dials the IP.
+/// The same holds for the other spellings the system resolver reads as IPv4 (inet_aton: `127.1`,
+/// `2130706433`, `0x7f.0.0.1`, `0177.0.0.1`).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn numeric_host_spellings_do_not_bypass_ip_egress_rules() {
+    let h = Harness::start(Alpn::Both, |c| c.egress_deny = vec!["127.0.0.0/8".into()]).await;
+    let port = h.upstream.tls_addr.port();
+    for host in [
+        "127.0.0.1.",
+        "127.1",
+        "2130706433",
+        "0x7f.0.0.1",
+        "0177.0.0.1",
+        "0x7f000001",
+        "127.0.0.1..",
+    ] {
+        let target = format!("{host}:{port}");
+        let (_s, reply) = connect_raw(h.sidecar.proxy, &target).await;
+        assert!(
+            reply.status == 403 || reply.status == 400,
+            "CONNECT {target} must not get through a 127.0.0.0/8 deny: {}",
+            reply.head
+        );
+        if reply.status == 403 {
+            assert_eq!(reply.header("x-vault-blocked"), Some("egress-policy"), "{target}");
+        }
+    }
+    // The loop check too: the sidecar's own proxy port spelled with a trailing dot.
+    let own = format!("127.0.0.1.:{}", h.sidecar.proxy.port());
+    let (_s, reply) = connect_raw(h.sidecar.proxy, &own).await;
+    assert!(reply.status >= 400, "CONNECT {own}: {}", reply.head);
+    assert!(h.upstream.requests().is_empty(), "{:#?}", h.upstream.requests());
+}

@@ -1,0 +1,91 @@
+//! A fixed secret set shared by the rewriter targets: three header secrets bound to distinct hosts and
+//! one body-only secret. No stub is a prefix of another and stubs hold `-`/`_` (never base64 text).
+#![allow(dead_code)]
+
+use std::sync::OnceLock;
+
+use lap_vault_sidecar::config::{parse_config, Settings};
+use lap_vault_sidecar::secrets::SecretSet;
+
+pub const SECRETS: [(&str, &str, &str, &str); 4] = [
+    (
+        "ANTHROPIC_API_KEY",
+        "sk-ant-lapstub-7f3a9c",
+        "sk-ant-REAL-0d9e8f7a6b5c",
+        "header",
+    ),
+    ("GITHUB_TOKEN", "ghp_lapstub_A1b2C3", "ghp_REAL_Z9y8X7w6V5u4", "header"),
+    ("QUERY_TOKEN", "lapstub-query-4c8e", "REAL-query-9a7c5e3b", "query"),
+    (
+        "BODY_TOKEN",
+        "lapstub-body-5d1f",
+        "REAL-body-8b6d4f2a0c1e-longer",
+        "body",
+    ),
+];
+
+/// Hosts: index 0 binds ANTHROPIC/QUERY/BODY, 1 binds GITHUB, 2 binds nothing.
+pub const HOSTS: [&str; 3] = ["api.anthropic.com", "github.com", "attacker.example"];
+
+pub fn bound(secret: usize, host: usize) -> bool {
+    matches!((secret, host), (0 | 2 | 3, 0) | (1, 1))
+}
+
+pub fn set() -> &'static SecretSet {
+    static SET: OnceLock<SecretSet> = OnceLock::new();
+    SET.get_or_init(|| {
+        let mut toml = String::new();
+        for (i, (name, stub, value, loc)) in SECRETS.iter().enumerate() {
+            let host = if i == 1 { "github.com" } else { "api.anthropic.com" };
+            toml.push_str(&format!(
+                "[[secrets]]\nname = \"{name}\"\nstub = \"{stub}\"\nvalue = \"{value}\"\nhosts = [\"{host}\"]\nlocations = [\"{loc}\"]\n"
+            ));
+        }
+        let cfg = parse_config(&toml).expect("fixed config parses");
+        let settings = Settings::from_config_with_env(&cfg, &|_| None).expect("fixed config validates");
+        SecretSet::new(settings.secrets)
+    })
+}
+
+/// Expands a fuzz input into bytes rich in patterns: 0x00..=0x03 → a whole stub, 0x04..=0x07 → a stub
+/// without its last 3 bytes, 0x08..=0x0b → a whole real value, 0x0c..=0x0f → a value's prefix; others
+/// as they are.
+pub fn expand(data: &[u8]) -> Vec<u8> {
+    let mut out = Vec::with_capacity(data.len() * 2);
+    for &b in data {
+        let i = (b & 3) as usize;
+        match b {
+            0x00..=0x03 => out.extend_from_slice(SECRETS[i].1.as_bytes()),
+            0x04..=0x07 => out.extend_from_slice(&SECRETS[i].1.as_bytes()[..SECRETS[i].1.len() - 3]),
+            0x08..=0x0b => out.extend_from_slice(SECRETS[i].2.as_bytes()),
+            0x0c..=0x0f => out.extend_from_slice(&SECRETS[i].2.as_bytes()[..SECRETS[i].2.len() - 3]),
+            _ => out.push(b),
+        }
+    }
+    out
+}
+
+/// Leftmost, non-overlapping replacement of `pats[k]` by `reps[k]` (`None`: keep the match as is), the
+/// one-shot reference.
+pub fn replace_reference(hay: &[u8], pats: &[&[u8]], reps: &[Option<&[u8]>]) -> Vec<u8> {
+    let mut out = Vec::with_capacity(hay.len());
+    let mut i = 0;
+    while i < hay.len() {
+        let hit = pats.iter().enumerate().find(|(_, p)| hay[i..].starts_with(p));
+        match hit {
+            Some((k, p)) => {
+                out.extend_from_slice(reps[k].unwrap_or(p));
+                i += p.len();
+            }
+            None => {
+                out.push(hay[i]);
+                i += 1;
+            }
+        }
+    }
+    out
+}
+
+pub fn contains(hay: &[u8], needle: &[u8]) -> bool {
+    hay.windows(needle.len()).any(|w| w == needle)
+}

@@ -1,0 +1,99 @@
+//! `rewrite::HostRules::header_value`, plain and inside `Authorization: Basic`, against a reference:
+//! a stub of a secret not bound to the host is always refused (tripwire); otherwise exactly the
+//! header-located stubs of bound secrets are replaced, and nothing else changes.
+#![no_main]
+
+mod common;
+
+use base64::engine::general_purpose::STANDARD as BASE64;
+use base64::Engine as _;
+use lap_vault_sidecar::hosts::TargetHost;
+use lap_vault_sidecar::rewrite::{HostRules, Injections};
+use libfuzzer_sys::fuzz_target;
+
+use common::{bound, contains, expand, replace_reference, set, HOSTS, SECRETS};
+
+/// What header_value must do with `input` toward host `h`: `Err(())` for the tripwire, else the output.
+fn expected(input: &[u8], h: usize) -> Result<Vec<u8>, ()> {
+    let pats: Vec<&[u8]> = SECRETS.iter().map(|s| s.1.as_bytes()).collect();
+    // Leftmost scan: the first unbound stub found trips (bound stubs before it are irrelevant).
+    let mut i = 0;
+    while i < input.len() {
+        if let Some((k, p)) = pats.iter().enumerate().find(|(_, p)| input[i..].starts_with(p)) {
+            if !bound(k, h) {
+                return Err(());
+            }
+            i += p.len();
+        } else {
+            i += 1;
+        }
+    }
+    let reps: Vec<Option<&[u8]>> = SECRETS
+        .iter()
+        .enumerate()
+        .map(|(k, s)| (bound(k, h) && s.3 == "header").then_some(s.2.as_bytes()))
+        .collect();
+    Ok(replace_reference(input, &pats, &reps))
+}
+
+fuzz_target!(|data: &[u8]| {
+    let Some((&sel, rest)) = data.split_first() else {
+        return;
+    };
+    let h = (sel % 3) as usize;
+    let host = TargetHost::parse(HOSTS[h]);
+    let rules = HostRules::new(set(), &host);
+    let value = expand(rest);
+
+    // Plain header value. (Without a Basic prefix, base64 decoding never runs when `value` is not
+    // Basic-shaped; when it is, the Basic check below covers it.)
+    let mut inj = Injections::default();
+    let got = rules.header_value(&value, &mut inj);
+    let is_basic = value.trim_ascii_start().len() > 6
+        && value.trim_ascii_start()[..5].eq_ignore_ascii_case(b"basic")
+        && value.trim_ascii_start()[5].is_ascii_whitespace();
+    // Nothing is bound to attacker.example: never a rewrite.
+    assert!(
+        !(h == 2 && matches!(got, Ok(Some(_)))),
+        "a value toward an unbound host was rewritten"
+    );
+    if !is_basic {
+        match (expected(&value, h), got) {
+            (Err(()), Err(e)) => assert!(SECRETS.iter().any(|s| s.0 == e.secret)),
+            (Ok(want), Ok(out)) => {
+                let out = out.unwrap_or_else(|| value.clone());
+                assert_eq!(out, want, "header value rewrite differs from the reference");
+            }
+            (want, got) => panic!(
+                "tripwire mismatch for host {}: expected {want:?}, got {got:?}",
+                HOSTS[h]
+            ),
+        }
+    }
+
+    // The same bytes as Basic credentials: decoded, checked, swapped, re-encoded.
+    let header = format!("Basic {}", BASE64.encode(&value));
+    let mut inj = Injections::default();
+    let got = rules.header_value(header.as_bytes(), &mut inj);
+    match (expected(&value, h), got) {
+        (Err(()), Err(_)) => {}
+        (Ok(want), Ok(out)) => {
+            let out = out.unwrap_or_else(|| header.clone().into_bytes());
+            let b64 = out.strip_prefix(b"Basic ").expect("scheme kept");
+            let decoded = BASE64.decode(b64).expect("re-encoded base64");
+            assert_eq!(decoded, want, "Basic credentials rewrite differs from the reference");
+        }
+        (want, got) => panic!(
+            "Basic tripwire mismatch for host {}: expected {want:?}, got {got:?}",
+            HOSTS[h]
+        ),
+    }
+    // A real value never appears toward a host its secret is not bound to, unless the client sent it.
+    if let Ok(Some(out)) = rules.header_value(&value, &mut Injections::default()) {
+        for (k, s) in SECRETS.iter().enumerate() {
+            if !bound(k, h) {
+                assert!(!contains(&out, s.2.as_bytes()) || contains(&value, s.2.as_bytes()));
+            }
+        }
+    }
+});
