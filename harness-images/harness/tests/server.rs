@@ -118,3 +118,95 @@ fn a_missing_cli_is_a_fatal_reason() {
         "{err}"
     );
 }
+
+fn git(args: &[&str], cwd: &std::path::Path) {
+    let ok = std::process::Command::new("git")
+        .args(["-c", "user.name=t", "-c", "user.email=t@example.invalid"])
+        .args(args)
+        .current_dir(cwd)
+        .output()
+        .unwrap()
+        .status
+        .success();
+    assert!(ok, "git {args:?}");
+}
+
+#[tokio::test]
+async fn clones_repo_url_and_branch_before_serving() {
+    let dir = tempfile::tempdir().unwrap();
+    let repo = dir.path().join("repo");
+    std::fs::create_dir_all(&repo).unwrap();
+    git(&["init", "-q", "-b", "main"], &repo);
+    std::fs::write(repo.join("README"), "hello\n").unwrap();
+    git(&["add", "README"], &repo);
+    git(&["commit", "-q", "-m", "one"], &repo);
+    git(&["checkout", "-q", "-b", "feature"], &repo);
+    std::fs::write(repo.join("FEATURE"), "x\n").unwrap();
+    git(&["add", "FEATURE"], &repo);
+    git(&["commit", "-q", "-m", "two"], &repo);
+    let work = dir.path().join("work");
+    std::fs::create_dir_all(&work).unwrap();
+    let port = std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port();
+    let path = format!(
+        "{}:{}",
+        path_with(dir.path(), Some(FAKE_CLAUDE)),
+        std::env::var("PATH").unwrap_or_default()
+    );
+    let _child = tokio::process::Command::new(env!("CARGO_BIN_EXE_lap-harness"))
+        .env_clear()
+        .env("PATH", path)
+        .env("HOME", dir.path())
+        .env("PORT", port.to_string())
+        .env("HARNESS_AUTH_TOKEN", "tok")
+        .env("REPO_URL", format!("file://{}", repo.display()))
+        .env("BRANCH", "feature")
+        .current_dir(&work)
+        .stdout(Stdio::null())
+        .kill_on_drop(true)
+        .spawn()
+        .unwrap();
+    let http = reqwest::Client::builder().no_proxy().build().unwrap();
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while !http
+        .get(format!("http://127.0.0.1:{port}/healthz"))
+        .send()
+        .await
+        .is_ok_and(|r| r.status().is_success())
+    {
+        assert!(Instant::now() < deadline, "harness did not start");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    assert!(
+        work.join("README").is_file() && work.join("FEATURE").is_file(),
+        "repo not cloned on its branch"
+    );
+}
+
+#[test]
+fn a_failed_clone_is_a_fatal_reason() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = format!(
+        "{}:{}",
+        path_with(dir.path(), Some(FAKE_CLAUDE)),
+        std::env::var("PATH").unwrap_or_default()
+    );
+    let out = std::process::Command::new(env!("CARGO_BIN_EXE_lap-harness"))
+        .env_clear()
+        .env("PATH", path)
+        .env("HOME", dir.path())
+        .env("HARNESS_AUTH_TOKEN", "tok")
+        .env("REPO_URL", format!("file://{}/no-such-repo", dir.path().display()))
+        .current_dir(dir.path())
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(3));
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        err.contains("lap-harness: fatal: git clone") && err.contains("no-such-repo"),
+        "{err}"
+    );
+}
