@@ -87,13 +87,16 @@ pub fn metric(text: &str, name: &str, labels: &[(&str, &str)]) -> Option<f64> {
     sum
 }
 
+/// `(path and query, headers)` of one request.
+pub type SeenRequest = (String, Vec<(String, String)>);
+
 /// What the scripted upstream observed.
 #[derive(Default)]
 pub struct ScriptState {
     /// TLS connections accepted.
     pub accepts: AtomicU64,
     /// `(path and query, headers)` of every request.
-    pub requests: Mutex<Vec<(String, Vec<(String, String)>)>>,
+    pub requests: Mutex<Vec<SeenRequest>>,
     /// `/sse-split` sends its second event only after this is notified.
     pub release_second_event: Notify,
     /// `/endless`: bytes handed to hyper so far.
