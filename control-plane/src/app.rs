@@ -726,16 +726,13 @@ impl App {
 
     /// Count of sessions per status, for `/metrics`.
     pub async fn session_counts(&self) -> Vec<(Status, usize)> {
-        let mut out = Vec::new();
-        for st in [Status::Creating, Status::Ready, Status::Dead, Status::Failed] {
-            let n = self
-                .store
-                .sessions_with_status(&[st])
-                .await
-                .map(|v| v.len())
-                .unwrap_or(0);
-            out.push((st, n));
-        }
-        out
+        let counts = self.store.count_sessions_by_status().await.unwrap_or_default();
+        [Status::Creating, Status::Ready, Status::Dead, Status::Failed]
+            .into_iter()
+            .map(|st| {
+                let n = counts.iter().find(|(s, _)| s == st.as_str()).map_or(0, |(_, n)| *n);
+                (st, usize::try_from(n).unwrap_or(0))
+            })
+            .collect()
     }
 }

@@ -370,6 +370,14 @@ impl Store {
         Ok(())
     }
 
+    /// `(status, count)` for every status present.
+    pub async fn count_sessions_by_status(&self) -> Result<Vec<(String, i64)>, StoreError> {
+        let rows = sqlx::query("SELECT status, COUNT(*) FROM sessions GROUP BY status")
+            .fetch_all(&self.pool)
+            .await?;
+        rows.iter().map(|r| Ok((r.try_get(0)?, r.try_get(1)?))).collect()
+    }
+
     /// Whether the database answers.
     pub async fn ping(&self) -> bool {
         sqlx::query("SELECT 1").fetch_one(&self.pool).await.is_ok()

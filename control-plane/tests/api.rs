@@ -396,6 +396,16 @@ async fn sqlite_secrets_registry() {
 async fn sqlite_sessions() {
     let h = setup(None).await;
     sessions(&h).await;
+    let (_, m) = call(&h.router, "GET", "/metrics", None).await;
+    let m = m.as_str().unwrap();
+    assert!(
+        m.contains("lap_sessions{status=\"dead\"} 1") && m.contains("lap_sessions{status=\"ready\"} 0"),
+        "{m}"
+    );
+    assert!(
+        m.contains("lap_sessions_created_total 1") && m.contains("lap_sessions_failed_total 1"),
+        "{m}"
+    );
     // Neither per-session values nor agent secrets are stored in clear.
     let db = std::fs::read(h.dir.path().join("t.db")).unwrap();
     let text = String::from_utf8_lossy(&db);
