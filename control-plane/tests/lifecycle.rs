@@ -137,6 +137,34 @@ async fn wait_removed(dir: &std::path::Path) {
 }
 
 #[tokio::test(flavor = "multi_thread")]
+async fn initial_prompt_is_sent_once_ready() {
+    let tmp = tempfile::tempdir().unwrap();
+    let path = path_with_fake_claude(tmp.path());
+    let server = LapServer::start(&tmp.path().join("data"), &[("PATH", path)]).await;
+    let sid = ready_session(
+        &server,
+        json!({"title": "boot", "initial_prompt": "set up the repo"}),
+        json!({"name": "init", "harness_id": "claude-code"}),
+    )
+    .await;
+    let (_, v) = server.call("GET", &format!("{A}/sessions/{sid}"), None).await;
+    assert_eq!(v["title"], "boot");
+    let calls = server
+        .data_dir
+        .join("sandboxes")
+        .join(&sid)
+        .join("home/fake-claude-calls.log");
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while !std::fs::read_to_string(&calls)
+        .unwrap_or_default()
+        .contains("set up the repo")
+    {
+        assert!(Instant::now() < deadline, "the initial prompt never reached the agent");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}
+
+#[tokio::test(flavor = "multi_thread")]
 async fn idle_sessions_are_reaped() {
     let tmp = tempfile::tempdir().unwrap();
     let path = path_with_fake_claude(tmp.path());

@@ -24,6 +24,7 @@ if [ -n "$ANTHROPIC_API_KEY" ]; then
     api=rejected
   fi
 fi
+echo "$text" >> "$HOME/fake-claude-calls.log"
 echo '{"type":"system","subtype":"init","session_id":"fake-conv-1"}'
 echo "{\"type\":\"result\",\"subtype\":\"success\",\"is_error\":false,\"result\":\"echo:$text api:$api resume:$resume\",\"session_id\":\"fake-conv-1\"}"
 "#;
