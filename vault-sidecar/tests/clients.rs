@@ -986,6 +986,43 @@ async fn sni_must_name_the_connect_target() {
     h.assert_logs_clean();
 }
 
+/// CONNECT [::1]:443: the bracketed IPv6 target is parsed, bound by its IP pattern, given an IP-SAN
+/// leaf, and resolved through `[resolve]`.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn ipv6_connect_target_is_intercepted_and_swapped() {
+    let h = Harness::start(Alpn::Both, |c| {
+        let tls = c
+            .resolve
+            .iter()
+            .find(|(k, _)| k == "api.anthropic.com:443")
+            .map(|(_, v)| v.clone())
+            .expect("standard resolve entry");
+        c.resolve.push(("[::1]:443".to_string(), tls));
+        c.secrets
+            .push(SecretSpec::new("IP6_TOKEN", IP_STUB, IP_REAL, &["::1"], &["header"]));
+    })
+    .await;
+    let out = h
+        .sidecar
+        .curl()
+        .arg("-H")
+        .arg(format!("x-api-key: {IP_STUB}"))
+        .arg("https://[::1]/echo")
+        .run()
+        .await
+        .ok();
+    assert_eq!(out.status, 200, "{}", out.body_text());
+    let rec = h.upstream.only_request_to("/echo");
+    assert_eq!(rec.header("x-api-key"), Some(IP_REAL));
+    let events = h.sidecar.admin_get("/interceptions").await;
+    assert!(
+        events.body_text().contains("\"host\":\"::1\""),
+        "{}",
+        events.body_text()
+    );
+    h.assert_logs_clean();
+}
+
 const IP_STUB: &str = "lapstub-ip-1f2e3d4c5b6a";
 const IP_REAL: &str = "REAL-ip-target-6a5b4c3d2e1f";
 

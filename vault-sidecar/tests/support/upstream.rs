@@ -216,6 +216,9 @@ fn upstream_pki() -> (String, Vec<CertificateDer<'static>>, PrivateKeyDer<'stati
         .subject_alt_names
         .push(SanType::IpAddress(IpAddr::V4(Ipv4Addr::LOCALHOST)));
     leaf_params
+        .subject_alt_names
+        .push(SanType::IpAddress(IpAddr::V6(std::net::Ipv6Addr::LOCALHOST)));
+    leaf_params
         .distinguished_name
         .push(DnType::CommonName, "lap test upstream");
     leaf_params.extended_key_usages = vec![ExtendedKeyUsagePurpose::ServerAuth];
