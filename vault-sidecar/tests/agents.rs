@@ -1,6 +1,6 @@
-//! Real agent CLIs through the vault sidecar (SPEC §2.2, §2.3): `claude -p` and `codex exec` run with exactly the
-//! environment a harness is given (proxy variables, the pod CA, each secret's name holding its stub) and talk to
-//! `https://api.anthropic.com` / `https://api.openai.com` as they would in production. The sidecar's `[resolve]`
+//! Real agent CLIs through the vault sidecar (SPEC §2.2, §2.3): `claude -p`, `codex exec` and `opencode run` run
+//! with exactly the environment a harness is given (proxy variables, the pod CA, each secret's name holding its stub)
+//! and talk to `https://api.anthropic.com` / `https://api.openai.com` as they would in production. The sidecar's `[resolve]`
 //! table sends both hosts to local stand-ins ([`standin::StandIn`]) that only accept the *real* keys, so a CLI can
 //! only get its reply if the sidecar swapped the stub on the way out.
 //!
@@ -629,6 +629,106 @@ async fn codex_exec_over_responses_sse_gets_the_real_key() {
             .iter()
             .any(|e| e["method"] == "POST" && e["path"] == "/v1/responses" && e["status"] == 200),
         "/interceptions has no POST /v1/responses with OPENAI_API_KEY injected: {events:?}"
+    );
+    sidecar.assert_logs_clean();
+}
+
+// ---------------------------------------------------------------------------------------------------------------
+// opencode
+// ---------------------------------------------------------------------------------------------------------------
+
+/// `opencode run -m anthropic/claude-sonnet-4-5 -- "say hi"` (as lap-harness runs it) with its home and XDG
+/// directories in a temp dir. opencode 1.18 (a Bun binary) honours the proxy variables and trusts the pod CA through
+/// either `NODE_EXTRA_CA_CERTS` or `SSL_CERT_FILE` (without both it fails with "self signed certificate in
+/// certificate chain"). It calls the Messages API with `x-api-key`, streaming, and makes a second Messages call with
+/// its small model (claude-haiku-4-5) to title the session; every call must carry the real key.
+///
+/// `OPENCODE_DISABLE_MODELS_FETCH` stops its model catalogue fetch (`models.opencode.ai`) and
+/// `OPENCODE_DISABLE_AUTOUPDATE` its update check. It still tries, in the background and unconditionally, to
+/// `npm install @opencode-ai/plugin` into its config directory: the sidecar refuses `registry.npmjs.org` (not in the
+/// egress allow-list), opencode logs a warning and carries on.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn opencode_run_reaches_the_messages_api_with_the_real_key() {
+    let Some(opencode) = require_cli("opencode", "opencode-ai") else {
+        return;
+    };
+    let (standin, sidecar) = setup(false).await;
+    let home = tempfile::tempdir().expect("opencode home");
+    let work = tempfile::tempdir().expect("opencode workdir");
+    let mut env = harness_env(&sidecar, home.path());
+    for (k, sub) in [
+        ("XDG_CONFIG_HOME", ".config"),
+        ("XDG_DATA_HOME", ".local/share"),
+        ("XDG_STATE_HOME", ".local/state"),
+        ("XDG_CACHE_HOME", ".cache"),
+    ] {
+        env.push((k.to_string(), home.path().join(sub).to_string_lossy().to_string()));
+    }
+    env.extend(
+        [
+            ("ANTHROPIC_API_KEY", ANTHROPIC_STUB),
+            ("OPENCODE_DISABLE_MODELS_FETCH", "1"),
+            ("OPENCODE_DISABLE_AUTOUPDATE", "1"),
+        ]
+        .map(|(k, v)| (k.to_string(), v.to_string())),
+    );
+
+    let out = run_cli(
+        &opencode,
+        &["run", "-m", "anthropic/claude-sonnet-4-5", "--", "say hi"],
+        &env,
+        work.path(),
+        "",
+    )
+    .await;
+    let context = || {
+        format!(
+            "{}\nstand-in saw:\n{}\nsidecar logs:\n{}",
+            out.describe(),
+            standin.summary(),
+            sidecar.logs()
+        )
+    };
+    assert_eq!(out.exit, 0, "opencode run failed\n{}", context());
+    assert!(
+        out.stdout.contains(ANTHROPIC_REPLY),
+        "opencode run did not print the stand-in's reply\n{}",
+        context()
+    );
+
+    assert_upstream_saw_real_only(
+        &standin,
+        &sidecar,
+        ANTHROPIC_HOST,
+        "/v1/messages",
+        ANTHROPIC_REAL,
+        ANTHROPIC_STUB,
+        &out,
+    );
+    let calls = standin
+        .seen()
+        .into_iter()
+        .filter(|s| s.path.split('?').next() == Some("/v1/messages"))
+        .collect::<Vec<_>>();
+    assert!(
+        calls.iter().all(|s| s.header("x-api-key") == Some(ANTHROPIC_REAL)),
+        "every Messages call should carry the real key in x-api-key\n{}",
+        context()
+    );
+    assert!(
+        calls.iter().any(|s| {
+            let body: Value = serde_json::from_slice(&s.body).unwrap_or(Value::Null);
+            body["stream"] == true && body["model"] == "claude-sonnet-4-5" && s.status == 200
+        }),
+        "opencode never streamed a claude-sonnet-4-5 Messages response (SSE) through the sidecar\n{}",
+        context()
+    );
+    let events = assert_interception(&sidecar, ANTHROPIC_HOST, "ANTHROPIC_API_KEY").await;
+    assert!(
+        events.iter().any(|e| e["method"] == "POST"
+            && e["path"].as_str().is_some_and(|p| p.starts_with("/v1/messages"))
+            && e["status"] == 200),
+        "/interceptions has no POST /v1/messages with ANTHROPIC_API_KEY injected: {events:?}"
     );
     sidecar.assert_logs_clean();
 }
