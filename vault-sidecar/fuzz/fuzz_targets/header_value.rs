@@ -15,6 +15,11 @@ use common::{bound, contains, expand, replace_reference, set, HOSTS, SECRETS};
 
 /// What header_value must do with `input` toward host `h`: `Err(())` for the tripwire, else the output.
 fn expected(input: &[u8], h: usize) -> Result<Vec<u8>, ()> {
+    expected_at(input, h, "header")
+}
+
+/// The same for location `loc` ("header" or "query").
+fn expected_at(input: &[u8], h: usize, loc: &str) -> Result<Vec<u8>, ()> {
     let pats: Vec<&[u8]> = SECRETS.iter().map(|s| s.1.as_bytes()).collect();
     // Leftmost scan: the first unbound stub found trips (bound stubs before it are irrelevant).
     let mut i = 0;
@@ -31,7 +36,7 @@ fn expected(input: &[u8], h: usize) -> Result<Vec<u8>, ()> {
     let reps: Vec<Option<&[u8]>> = SECRETS
         .iter()
         .enumerate()
-        .map(|(k, s)| (bound(k, h) && s.3 == "header").then_some(s.2.as_bytes()))
+        .map(|(k, s)| (bound(k, h) && s.3 == loc).then_some(s.2.as_bytes()))
         .collect();
     Ok(replace_reference(input, &pats, &reps))
 }
@@ -94,6 +99,33 @@ fuzz_target!(|data: &[u8]| {
             if !bound(k, h) {
                 assert!(!contains(&out, s.2.as_bytes()) || contains(&value, s.2.as_bytes()));
             }
+        }
+    }
+    // The request target: stubs in the path are only checked, in the query swapped where allowed.
+    if let Ok(pq) = std::str::from_utf8(&value) {
+        let got = rules.path_and_query(pq, &mut Injections::default());
+        let (path, query) = match pq.split_once('?') {
+            Some((p, q)) => (p, Some(q)),
+            None => (pq, None),
+        };
+        let want = expected_at(path.as_bytes(), h, "none").and_then(|_| match query {
+            None => Ok(pq.as_bytes().to_vec()),
+            Some(q) => expected_at(q.as_bytes(), h, "query").map(|q2| {
+                let mut v = format!("{path}?").into_bytes();
+                v.extend_from_slice(&q2);
+                v
+            }),
+        });
+        match (want, got) {
+            (Err(()), Err(_)) => {}
+            (Ok(want), Ok(out)) => {
+                let out = out.map(String::into_bytes).unwrap_or_else(|| pq.as_bytes().to_vec());
+                assert_eq!(out, want, "request target rewrite differs from the reference");
+            }
+            (want, got) => panic!(
+                "request-target tripwire mismatch for host {}: expected {want:?}, got {got:?}",
+                HOSTS[h]
+            ),
         }
     }
 });
