@@ -117,6 +117,16 @@ pub enum InterceptMode {
     All,
 }
 
+impl InterceptMode {
+    /// The config spelling (`bound-hosts`, `all`).
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::BoundHosts => "bound-hosts",
+            Self::All => "all",
+        }
+    }
+}
+
 /// Where the CA comes from.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum CaSource {

@@ -47,7 +47,8 @@ fn main() -> ExitCode {
         }
     };
     if matches!(cli.command, Some(Command::Check)) {
-        println!("{}: ok ({} secrets)", path.display(), settings.secrets.len());
+        let n = settings.secrets.len();
+        println!("{}: ok ({n} secret{})", path.display(), if n == 1 { "" } else { "s" });
         return ExitCode::SUCCESS;
     }
     init_logging();

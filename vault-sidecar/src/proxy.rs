@@ -159,7 +159,7 @@ pub async fn run(settings: Settings) -> Result<(), StartError> {
     tracing::info!(
         listen = %own[0],
         admin = %own[1],
-        intercept = ?s.intercept,
+        intercept = s.intercept.as_str(),
         secrets = proxy.secrets().len(),
         "vault sidecar ready"
     );
