@@ -851,6 +851,27 @@ hosts = ["api.anthropic.com"]
     );
 }
 
+/// Runs a `bash -o pipefail` pipeline (curl streaming through the sidecar) without the machine's CA
+/// variables, within 600 s; panics with its stderr unless it succeeds.
+async fn run_stream_pipeline(script: &str, what: &str) -> std::process::Output {
+    let mut cmd = tokio::process::Command::new("bash");
+    cmd.args(["-o", "pipefail", "-c", script])
+        .stdin(std::process::Stdio::null())
+        .kill_on_drop(true);
+    for v in CA_ENV_VARS {
+        cmd.env_remove(v);
+    }
+    let out = within(Duration::from_secs(600), what, cmd.output())
+        .await
+        .expect("spawn bash");
+    assert!(
+        out.status.success(),
+        "{what} failed: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    out
+}
+
 async fn download_bounded(bytes: u64, max_hwm_mib: u64) {
     let h = Harness::default_setup().await;
     let script = format!(
@@ -859,21 +880,7 @@ async fn download_bounded(bytes: u64, max_hwm_mib: u64) {
         h.sidecar.proxy_url(),
         h.sidecar.ca_path.display()
     );
-    let mut cmd = tokio::process::Command::new("bash");
-    cmd.args(["-o", "pipefail", "-c", &script])
-        .stdin(std::process::Stdio::null())
-        .kill_on_drop(true);
-    for v in CA_ENV_VARS {
-        cmd.env_remove(v);
-    }
-    let out = within(Duration::from_secs(600), "streaming download", cmd.output())
-        .await
-        .expect("spawn bash");
-    assert!(
-        out.status.success(),
-        "streaming download failed: {}",
-        String::from_utf8_lossy(&out.stderr)
-    );
+    let out = run_stream_pipeline(&script, "streaming download").await;
     let out = ProgOut {
         exit: 0,
         stdout: String::from_utf8_lossy(&out.stdout).to_string(),
@@ -910,21 +917,7 @@ async fn upload_1gib_streams_with_bounded_memory() {
         h.sidecar.proxy_url(),
         h.sidecar.ca_path.display()
     );
-    let mut cmd = tokio::process::Command::new("bash");
-    cmd.args(["-o", "pipefail", "-c", &script])
-        .stdin(std::process::Stdio::null())
-        .kill_on_drop(true);
-    for v in CA_ENV_VARS {
-        cmd.env_remove(v);
-    }
-    let out = within(Duration::from_secs(600), "streaming upload", cmd.output())
-        .await
-        .expect("spawn bash");
-    assert!(
-        out.status.success(),
-        "streaming upload failed: {}",
-        String::from_utf8_lossy(&out.stderr)
-    );
+    let out = run_stream_pipeline(&script, "streaming upload").await;
     let answer: serde_json::Value = serde_json::from_slice(&out.stdout).expect("upload answer is JSON");
     assert_eq!(answer["len"], bytes, "the upstream received every byte");
     let mut zeros = Sha256::new();
