@@ -190,7 +190,6 @@ impl Drop for DrainOnDrop {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use aho_corasick::{AhoCorasickBuilder, MatchKind};
     use http_body_util::{BodyExt, StreamBody as FrameStream};
     use std::convert::Infallible;
     use std::sync::Mutex;
@@ -202,10 +201,7 @@ mod tests {
             .map(|s| Ok(Frame::data(Bytes::from(*s))))
             .collect();
         let inner = FrameStream::new(futures_util::stream::iter(frames));
-        let ac = AhoCorasickBuilder::new()
-            .match_kind(MatchKind::LeftmostLongest)
-            .build(["STUB-12345678"])
-            .expect("ac");
+        let ac = crate::secrets::Finder::new(["STUB-12345678"]).expect("finder");
         let rw = StreamRewriter::new(ac, vec![Bytes::from("STUB-12345678")], vec![Some(Bytes::from("REAL"))]);
         let counter = Arc::new(AtomicU64::new(0));
         let seen = Arc::new(Mutex::new(Vec::new()));

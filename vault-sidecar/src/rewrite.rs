@@ -9,13 +9,12 @@
 //! of a one-shot replacement over the whole body, whatever the chunking, holding back only the
 //! bytes of a live partial match at the end of a chunk.
 
-use aho_corasick::AhoCorasick;
 use base64::engine::general_purpose::STANDARD as BASE64;
 use base64::Engine as _;
 use bytes::{Bytes, BytesMut};
 
 use crate::hosts::TargetHost;
-use crate::secrets::{Location, SecretSet};
+use crate::secrets::{Finder, Location, SecretSet};
 
 /// A stub of a secret that is not bound to the request's target host.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -136,7 +135,7 @@ impl<'a> HostRules<'a> {
 
     fn swap(
         &self,
-        ac: &AhoCorasick,
+        ac: &Finder,
         input: &[u8],
         location: Location,
         injections: &mut Injections,
@@ -213,7 +212,7 @@ pub fn redactor(set: &SecretSet) -> Option<StreamRewriter> {
 /// that cannot be part of a match (an SSE event's trailing blank line, say) is released at once.
 #[derive(Debug)]
 pub struct StreamRewriter {
-    ac: AhoCorasick,
+    ac: Finder,
     /// Pattern bytes by pattern id (for the hold-back check).
     patterns: Vec<Bytes>,
     /// Replacement by pattern id; `None` leaves that pattern's matches as they are.
@@ -225,8 +224,8 @@ pub struct StreamRewriter {
 }
 
 impl StreamRewriter {
-    /// `patterns[i]` must be the `i`th pattern of `ac` (built with `MatchKind::LeftmostLongest`).
-    pub fn new(ac: AhoCorasick, patterns: Vec<Bytes>, replacements: Vec<Option<Bytes>>) -> Self {
+    /// `patterns[i]` must be the `i`th pattern of `ac`.
+    pub fn new(ac: Finder, patterns: Vec<Bytes>, replacements: Vec<Option<Bytes>>) -> Self {
         let max_len = patterns.iter().map(Bytes::len).max().unwrap_or(0);
         let hits = vec![0; patterns.len()];
         Self {
@@ -552,7 +551,8 @@ mod tests {
             patterns.sort();
             patterns.dedup();
             let replace = &replace[..patterns.len()];
-            let ac = AhoCorasickBuilder::new().match_kind(MatchKind::LeftmostLongest).build(&patterns).expect("ac");
+            // The production searcher (Teddy where available) against the plain automaton in `one_shot`.
+            let ac = Finder::new(&patterns).expect("finder");
             let reps = (0..patterns.len())
                 .map(|i| replace[i].then(|| Bytes::from(format!("<{i}>"))))
                 .collect();

@@ -6,7 +6,7 @@
 use std::fmt;
 use std::str::FromStr;
 
-use aho_corasick::{AhoCorasick, AhoCorasickBuilder, AhoCorasickKind, MatchKind};
+use aho_corasick::{packed, AhoCorasick, AhoCorasickBuilder, AhoCorasickKind, MatchKind};
 
 use crate::hosts::{HostSet, TargetHost};
 
@@ -96,9 +96,9 @@ pub const MIN_REDACT_LEN: usize = 8;
 pub struct SecretSet {
     secrets: Vec<Secret>,
     /// Pattern `i` is `secrets[i].stub`.
-    stubs: Option<AhoCorasick>,
+    stubs: Option<Finder>,
     /// Pattern `j` is `secrets[redact_ids[j]].value`.
-    values: Option<AhoCorasick>,
+    values: Option<Finder>,
     redact_ids: Vec<usize>,
     bound: HostSet,
 }
@@ -111,34 +111,85 @@ impl fmt::Debug for SecretSet {
     }
 }
 
-fn automaton<I, P>(patterns: I) -> Option<AhoCorasick>
-where
-    I: IntoIterator<Item = P>,
-    P: AsRef<[u8]>,
-{
-    let patterns: Vec<P> = patterns.into_iter().collect();
-    if patterns.is_empty() {
-        return None;
+/// Leftmost-longest search for a handful of patterns (stubs, or real values).
+///
+/// Two searchers with the same matches: the packed SIMD searcher (Teddy) where the CPU and the
+/// pattern set allow it, else a full DFA. On bodies that hold no pattern, the common case, Teddy
+/// needs about a tenth of the DFA's instructions per byte (`examples/scan_cost.rs` under
+/// callgrind: README, Performance).
+#[derive(Clone, Debug)]
+pub struct Finder {
+    dfa: AhoCorasick,
+    packed: Option<packed::Searcher>,
+}
+
+impl Finder {
+    /// `None` when there are no patterns (or they can't be compiled).
+    pub fn new<I, P>(patterns: I) -> Option<Self>
+    where
+        I: IntoIterator<Item = P>,
+        P: AsRef<[u8]>,
+    {
+        let patterns: Vec<P> = patterns.into_iter().collect();
+        if patterns.is_empty() {
+            return None;
+        }
+        let dfa = AhoCorasickBuilder::new()
+            .match_kind(MatchKind::LeftmostLongest)
+            .kind(Some(AhoCorasickKind::DFA))
+            // Its start-byte prefilter doubles the cost on text full of those bytes; Teddy covers the need.
+            .prefilter(false)
+            .build(&patterns)
+            .ok()?;
+        let packed = packed::Config::new()
+            .match_kind(packed::MatchKind::LeftmostLongest)
+            .builder()
+            .extend(&patterns)
+            .build();
+        Some(Self { dfa, packed })
     }
-    AhoCorasickBuilder::new()
-        .match_kind(MatchKind::LeftmostLongest)
-        // A handful of short patterns: a full DFA is small and scans fastest.
-        .kind(Some(AhoCorasickKind::DFA))
-        .prefilter(false)
-        .build(patterns)
-        .ok()
+
+    /// Non-overlapping leftmost-longest matches, left to right; pattern ids in insertion order.
+    pub fn find_iter<'f, 'h>(&'f self, haystack: &'h [u8]) -> FindIter<'f, 'h> {
+        match &self.packed {
+            Some(p) => FindIter::Packed(p.find_iter(haystack)),
+            None => FindIter::Dfa(self.dfa.find_iter(haystack)),
+        }
+    }
+
+    /// Whether the SIMD searcher is in use (else the DFA).
+    pub fn is_packed(&self) -> bool {
+        self.packed.is_some()
+    }
+}
+
+/// Matches from [`Finder::find_iter`].
+pub enum FindIter<'f, 'h> {
+    Packed(packed::FindIter<'f, 'h>),
+    Dfa(aho_corasick::FindIter<'f, 'h>),
+}
+
+impl Iterator for FindIter<'_, '_> {
+    type Item = aho_corasick::Match;
+
+    fn next(&mut self) -> Option<Self::Item> {
+        match self {
+            FindIter::Packed(it) => it.next(),
+            FindIter::Dfa(it) => it.next(),
+        }
+    }
 }
 
 impl SecretSet {
     pub fn new(secrets: Vec<Secret>) -> Self {
-        let stubs = automaton(secrets.iter().map(|s| s.stub.as_bytes()));
+        let stubs = Finder::new(secrets.iter().map(|s| s.stub.as_bytes()));
         let redact_ids: Vec<usize> = secrets
             .iter()
             .enumerate()
             .filter(|(_, s)| s.value.len() >= MIN_REDACT_LEN)
             .map(|(i, _)| i)
             .collect();
-        let values = automaton(redact_ids.iter().map(|&i| secrets[i].value.as_bytes()));
+        let values = Finder::new(redact_ids.iter().map(|&i| secrets[i].value.as_bytes()));
         let bound = HostSet(secrets.iter().flat_map(|s| s.hosts.0.iter().cloned()).collect());
         Self {
             secrets,
@@ -166,12 +217,12 @@ impl SecretSet {
     }
 
     /// Automaton over the stubs; pattern id = index into [`SecretSet::secrets`].
-    pub fn stub_automaton(&self) -> Option<&AhoCorasick> {
+    pub fn stub_automaton(&self) -> Option<&Finder> {
         self.stubs.as_ref()
     }
 
     /// Automaton over the redactable real values, and the secret index of each pattern.
-    pub fn value_automaton(&self) -> Option<(&AhoCorasick, &[usize])> {
+    pub fn value_automaton(&self) -> Option<(&Finder, &[usize])> {
         self.values.as_ref().map(|ac| (ac, self.redact_ids.as_slice()))
     }
 
@@ -188,5 +239,59 @@ impl SecretSet {
     /// Which secrets are bound to `host`, by index.
     pub fn binding_for(&self, host: &TargetHost) -> Vec<bool> {
         self.secrets.iter().map(|s| s.hosts.matches(host)).collect()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use proptest::prelude::*;
+
+    fn dfa_matches(patterns: &[Vec<u8>], text: &[u8]) -> Vec<(usize, usize, usize)> {
+        AhoCorasickBuilder::new()
+            .match_kind(MatchKind::LeftmostLongest)
+            .build(patterns)
+            .expect("ac")
+            .find_iter(text)
+            .map(|m| (m.pattern().as_usize(), m.start(), m.end()))
+            .collect()
+    }
+
+    #[test]
+    fn stub_shaped_patterns_use_the_packed_searcher_where_the_cpu_has_ssse3() {
+        let f = Finder::new(["sk-ant-api03-lapstub-aaaaaaaa", "sk-lapstub-cccccccc", "ghp_lapstubeeeeeeee"])
+            .expect("finder");
+        #[cfg(target_arch = "x86_64")]
+        if std::arch::is_x86_feature_detected!("ssse3") {
+            assert!(f.is_packed());
+        }
+        let text = b"{\"key\":\"sk-lapstub-cccccccc\",\"k2\":\"sk-ant-api03-lapstub-aaaaaaaa\"}".repeat(3);
+        let got: Vec<_> = f.find_iter(&text).map(|m| (m.pattern().as_usize(), m.start())).collect();
+        assert_eq!(got.len(), 6);
+        assert_eq!(got[0], (1, 8));
+    }
+
+    proptest! {
+        /// Whichever searcher `Finder` picks, its matches are the DFA's, on stub-like patterns
+        /// sharing prefixes and on haystacks long enough for the SIMD path.
+        #[test]
+        fn finder_matches_are_the_leftmost_longest_dfa_matches(
+            tails in prop::collection::vec(prop::collection::vec(b'a'..=b'c', 0..6), 1..6),
+            noise in prop::collection::vec(prop_oneof![Just(b'a'), Just(b'c'), Just(b'-'), Just(b's'), Just(b'k'), Just(b'x')], 0..3000),
+            inserts in prop::collection::vec((0usize..3000, 0usize..6), 0..20),
+        ) {
+            let mut patterns: Vec<Vec<u8>> = tails.iter().map(|t| [b"sk-".as_slice(), t].concat()).collect();
+            patterns.sort();
+            patterns.dedup();
+            let mut text = noise;
+            for (at, which) in inserts {
+                let p = &patterns[which % patterns.len()];
+                let at = at.min(text.len());
+                text.splice(at..at, p.iter().copied());
+            }
+            let finder = Finder::new(&patterns).expect("finder");
+            let got: Vec<_> = finder.find_iter(&text).map(|m| (m.pattern().as_usize(), m.start(), m.end())).collect();
+            prop_assert_eq!(got, dfa_matches(&patterns, &text));
+        }
     }
 }
