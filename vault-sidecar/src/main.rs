@@ -51,7 +51,8 @@ fn main() -> ExitCode {
         println!("{}: ok ({n} secret{})", path.display(), if n == 1 { "" } else { "s" });
         return ExitCode::SUCCESS;
     }
-    init_logging();
+    // Held until main returns: dropping it flushes the lines still queued for stdout.
+    let _log_flush = init_logging();
     let runtime = match tokio::runtime::Runtime::new() {
         Ok(rt) => rt,
         Err(e) => {
@@ -59,7 +60,17 @@ fn main() -> ExitCode {
             return ExitCode::FAILURE;
         }
     };
-    match runtime.block_on(lap_vault_sidecar::proxy::run(settings)) {
+    // SIGTERM/SIGINT end the process through main, so the log queue is flushed on the way out.
+    let served = runtime.block_on(async {
+        tokio::select! {
+            r = lap_vault_sidecar::proxy::run(settings) => r,
+            () = terminated() => {
+                tracing::info!("vault sidecar stopping on signal");
+                Ok(())
+            }
+        }
+    });
+    match served {
         Ok(()) => ExitCode::SUCCESS,
         Err(e) => {
             tracing::error!(error = %e, "vault sidecar cannot start");
@@ -69,7 +80,29 @@ fn main() -> ExitCode {
     }
 }
 
-fn init_logging() {
+/// Resolves on the first SIGTERM or SIGINT (never, if the handlers can't be installed).
+async fn terminated() {
+    use tokio::signal::unix::{signal, SignalKind};
+    match (signal(SignalKind::terminate()), signal(SignalKind::interrupt())) {
+        (Ok(mut term), Ok(mut int)) => {
+            tokio::select! {
+                _ = term.recv() => {}
+                _ = int.recv() => {}
+            }
+        }
+        _ => std::future::pending().await,
+    }
+}
+
+/// JSON lines on stdout, written by a dedicated thread (tracing-appender) so that a request's audit
+/// line costs its formatting, not a `write(2)` on the proxy's hot path; lines queued together go out in
+/// one write. The queue never drops lines:
+/// when stdout can't keep up, logging blocks (`lossy(false)`) rather than losing audit events.
+fn init_logging() -> tracing_appender::non_blocking::WorkerGuard {
+    let (writer, guard) = tracing_appender::non_blocking::NonBlockingBuilder::default()
+        .lossy(false)
+        .thread_name("vault-sidecar-log")
+        .finish(std::io::BufWriter::new(std::io::stdout()));
     let filter = std::env::var("LAP_LOG")
         .or_else(|_| std::env::var("RUST_LOG"))
         .unwrap_or_else(|_| "info".to_owned());
@@ -78,6 +111,7 @@ fn init_logging() {
         .flatten_event(true)
         .with_current_span(false)
         .with_env_filter(tracing_subscriber::EnvFilter::new(filter))
-        .with_writer(std::io::stdout)
+        .with_writer(writer)
         .init();
+    guard
 }
