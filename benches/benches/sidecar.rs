@@ -1,6 +1,7 @@
 //! Criterion benches of the sidecar's hot path (SPEC §5): leaf mint (beside a raw P-256 signature
-//! in the same run, so the ratio is what counts), leaf-cache hit, header rewrite, and streaming
-//! body rewrite throughput.
+//! in the same run, so the ratio is what counts), leaf-cache hit, header rewrite, streaming body
+//! rewrite throughput, and one keep-alive request through an in-process sidecar beside the same
+//! request sent direct to the same in-process TLS upstream.
 
 use std::hint::black_box;
 use std::sync::Arc;
@@ -11,6 +12,7 @@ use lap_vault_sidecar::hosts::{HostPattern, HostSet, TargetHost};
 use lap_vault_sidecar::rewrite::{HostRules, Injections};
 use lap_vault_sidecar::secrets::{Location, LocationSet, Secret, SecretSet};
 use lap_vault_sidecar::tls::{Ca, LeafCache};
+use lap_benches::pki::UpstreamPki;
 
 fn secrets() -> SecretSet {
     let mut locations = LocationSet::default();
@@ -104,8 +106,105 @@ fn rewriting(c: &mut Criterion) {
         let mut rw = rules.body_rewriter().expect("rewriter");
         b.iter(|| black_box(rw.push(chunk.clone())))
     });
+    // The common case on a download or a model's answer: a body with no stub and no value in it.
+    let plain = Bytes::from(
+        b"{\"type\":\"content_block_delta\",\"delta\":{\"type\":\"text_delta\",\"text\":\"fn main() { skip(); }\"}}\n"
+            .repeat(160),
+    );
+    group.throughput(Throughput::Bytes(plain.len() as u64));
+    group.bench_function("stream_16k_chunk_no_match", |b| {
+        let mut rw = rules.body_rewriter().expect("rewriter");
+        b.iter(|| black_box(rw.push(plain.clone())))
+    });
     group.finish();
 }
 
-criterion_group!(benches, certificates, rewriting);
+criterion_group!(benches, certificates, rewriting, request);
 criterion_main!(benches);
+
+const REAL: &str = "sk-ant-api03-REAL-bench-0123456789abcdef";
+const STUB: &str = "sk-ant-api03-lapstub-bench-fedcba98765432";
+
+/// `GET /v1/small` on a warm keep-alive connection (http/1.1 and h2), direct to an in-process TLS
+/// upstream and through an in-process sidecar to the same upstream. No log subscriber is installed,
+/// so the sidecar's per-request audit line costs nothing here (the comparison runs the real binary).
+fn request(c: &mut Criterion) {
+    let runtime = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+        .expect("runtime");
+    let pki = UpstreamPki::generate().expect("pki");
+    let tls = pki.server_config(&[b"h2", b"http/1.1"]).expect("upstream tls");
+    let upstream = runtime
+        .block_on(lap_benches::upstream::serve(tls, REAL))
+        .expect("upstream");
+    let dir = tempfile::tempdir().expect("tempdir");
+    std::fs::write(dir.path().join("upstream-ca.pem"), &pki.ca_pem).expect("write CA");
+    let free = || {
+        std::net::TcpListener::bind("127.0.0.1:0")
+            .and_then(|l| l.local_addr())
+            .expect("free port")
+    };
+    let (listen, admin) = (free(), free());
+    let d = dir.path().display();
+    let port = upstream.port();
+    let config = lap_vault_sidecar::config::parse_config(&format!(
+        r#"
+        listen = "{listen}"
+        admin_listen = "{admin}"
+        ca_cert_path = "{d}/sidecar-ca.pem"
+        upstream_ca_files = ["{d}/upstream-ca.pem"]
+        [resolve]
+        "localhost:{port}" = "127.0.0.1:{port}"
+        [[secrets]]
+        name = "ANTHROPIC_API_KEY"
+        stub = "{STUB}"
+        value = "{REAL}"
+        hosts = ["localhost"]
+        "#
+    ))
+    .expect("sidecar config");
+    let settings = lap_vault_sidecar::config::Settings::from_config(&config).expect("sidecar settings");
+    runtime.spawn(lap_vault_sidecar::proxy::run(settings));
+    let ca_path = dir.path().join("sidecar-ca.pem");
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
+    while std::net::TcpStream::connect(listen).is_err() || !ca_path.exists() {
+        assert!(std::time::Instant::now() < deadline, "in-process sidecar did not start");
+        std::thread::sleep(std::time::Duration::from_millis(10));
+    }
+    let sidecar_ca = std::fs::read(&ca_path).expect("sidecar CA");
+
+    let url = format!("https://localhost:{port}/v1/small");
+    let client = |roots: &[u8], proxy: bool, h2: bool| {
+        let mut b = reqwest::Client::builder()
+            .tls_built_in_root_certs(false)
+            .add_root_certificate(reqwest::Certificate::from_pem(roots).expect("root"));
+        b = if proxy {
+            b.proxy(reqwest::Proxy::all(format!("http://{listen}")).expect("proxy"))
+        } else {
+            b.no_proxy().resolve("localhost", upstream)
+        };
+        if !h2 {
+            b = b.http1_only();
+        }
+        b.build().expect("client")
+    };
+    let mut group = c.benchmark_group("request");
+    for (proto, h2) in [("http1", false), ("h2", true)] {
+        for (route, proxy, roots, key) in [
+            ("direct", false, pki.ca_pem.as_bytes(), REAL),
+            ("via_sidecar", true, &sidecar_ca[..], STUB),
+        ] {
+            let client = client(roots, proxy, h2);
+            let get = || async {
+                let resp = client.get(&url).header("x-api-key", key).send().await.expect("send");
+                assert_eq!(resp.status(), 200, "{route}: the upstream refused the key");
+                resp.bytes().await.expect("body")
+            };
+            runtime.block_on(get());
+            group.bench_function(format!("{route}_{proto}"), |b| b.iter(|| black_box(runtime.block_on(get()))));
+        }
+    }
+    group.finish();
+}
