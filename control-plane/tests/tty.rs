@@ -1,0 +1,510 @@
+//! The terminal through the control plane: `GET /sessions/{id}/tty` relayed to the harness and
+//! authorised by the session's own `tty_token`; bring-up phases in the session's `phase`; and
+//! the whole user flow with the `lap` CLI in tmux against the real `claude` TUI.
+
+#![allow(clippy::unwrap_used)]
+
+mod support;
+
+use std::os::unix::fs::PermissionsExt;
+use std::process::Command;
+use std::time::{Duration, Instant};
+
+use futures_util::{SinkExt, StreamExt};
+use serde_json::json;
+use support::anthropic::{StandIn, REPLY};
+use support::server::{on_path, workspace_bin, LapServer};
+use tokio_tungstenite::tungstenite::{client::IntoClientRequest, Message};
+
+const A: &str = "/api/v1/managed_agents";
+
+/// A `claude` whose TUI (no `-p`) is an interactive shell; `-p` answers in stream-json.
+const SHELL_CLAUDE: &str = r#"#!/bin/sh
+if [ "$1" = "-p" ]; then
+  echo '{"type":"result","subtype":"success","is_error":false,"result":"ok","session_id":"c"}'
+  exit 0
+fi
+PS1='lap$ ' exec /bin/sh -i
+"#;
+
+fn write_script(dir: &std::path::Path, name: &str, text: &str) {
+    std::fs::create_dir_all(dir).unwrap();
+    std::fs::write(dir.join(name), text).unwrap();
+    std::fs::set_permissions(dir.join(name), std::fs::Permissions::from_mode(0o755)).unwrap();
+}
+
+fn path_with(dir: &std::path::Path) -> String {
+    format!("{}:{}", dir.display(), std::env::var("PATH").unwrap_or_default())
+}
+
+async fn ready_session(server: &LapServer, agent: serde_json::Value) -> serde_json::Value {
+    let (s, agent) = server.call("POST", &format!("{A}/agents"), Some(agent)).await;
+    assert_eq!(s, 201, "{agent}");
+    let aid = agent["id"].as_str().unwrap();
+    let (s, session) = server.call("POST", &format!("{A}/agents/{aid}/session"), None).await;
+    assert_eq!(s, 201, "{session}");
+    let v = server
+        .wait_settled(session["id"].as_str().unwrap(), Duration::from_secs(60))
+        .await;
+    assert_eq!(v["status"], "ready", "{v}");
+    v
+}
+
+type Ws = tokio_tungstenite::WebSocketStream<tokio_tungstenite::MaybeTlsStream<tokio::net::TcpStream>>;
+
+async fn connect(server: &LapServer, path: &str, bearer: Option<&str>) -> Result<Ws, u16> {
+    let url = format!("{}{path}", server.url.replacen("http://", "ws://", 1));
+    let mut req = url.into_client_request().unwrap();
+    if let Some(t) = bearer {
+        req.headers_mut()
+            .insert("authorization", format!("Bearer {t}").parse().unwrap());
+    }
+    match tokio_tungstenite::connect_async(req).await {
+        Ok((ws, _)) => Ok(ws),
+        Err(tokio_tungstenite::tungstenite::Error::Http(r)) => Err(r.status().as_u16()),
+        Err(e) => panic!("{e}"),
+    }
+}
+
+/// Read binary frames until their text contains `needle`; returns all text read.
+async fn read_until(ws: &mut Ws, needle: &str) -> String {
+    let mut seen = String::new();
+    let deadline = Instant::now() + Duration::from_secs(20);
+    while !seen.contains(needle) {
+        let left = deadline.saturating_duration_since(Instant::now());
+        match tokio::time::timeout(left, ws.next()).await {
+            Ok(Some(Ok(Message::Binary(b)))) => seen.push_str(&String::from_utf8_lossy(&b)),
+            Ok(Some(Ok(_))) => {}
+            other => panic!("waiting for {needle:?}: {other:?}; read so far: {seen:?}"),
+        }
+    }
+    seen
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn tty_is_relayed_and_authorised_by_the_sessions_own_token() {
+    let tmp = tempfile::tempdir().unwrap();
+    let bin = tmp.path().join("fake-bin");
+    write_script(&bin, "claude", SHELL_CLAUDE);
+    let server = LapServer::start(&tmp.path().join("data"), &[("PATH", path_with(&bin))]).await;
+    let one = ready_session(&server, json!({"name": "one", "harness_id": "claude-code"})).await;
+    let two = ready_session(&server, json!({"name": "two", "harness_id": "claude-code"})).await;
+    let path = one["tty_url"].as_str().unwrap().to_owned();
+    assert_eq!(path, format!("{A}/sessions/{}/tty", one["id"].as_str().unwrap()));
+    let token = one["tty_token"].as_str().unwrap();
+    let other = two["tty_token"].as_str().unwrap();
+
+    // Only this session's own token opens its terminal.
+    assert_eq!(connect(&server, &path, None).await.err(), Some(401));
+    assert_eq!(connect(&server, &path, Some("wrong")).await.err(), Some(401));
+    assert_eq!(connect(&server, &path, Some(other)).await.err(), Some(401));
+    assert_eq!(
+        connect(&server, &format!("{path}?token={other}"), None).await.err(),
+        Some(401)
+    );
+    assert_eq!(
+        connect(&server, &path, Some(&server.key)).await.err(),
+        Some(401),
+        "the master key is not a tty token"
+    );
+    assert_eq!(
+        connect(&server, &format!("{A}/sessions/ses_nope/tty"), Some(token))
+            .await
+            .err(),
+        Some(404)
+    );
+    let http = reqwest::Client::builder().no_proxy().build().unwrap();
+    let r = http
+        .get(format!("{}{path}?token={token}", server.url))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), 400, "not a WebSocket");
+    let v: serde_json::Value = r.json().await.unwrap();
+    assert!(v["error"].as_str().unwrap().contains("WebSocket"), "{v}");
+
+    // ?token= works; bytes go both ways.
+    let mut ws = connect(&server, &format!("{path}?token={token}&cols=100&rows=30"), None)
+        .await
+        .unwrap();
+    read_until(&mut ws, "lap$").await;
+    let before = server
+        .call("GET", &format!("{A}/sessions/{}", one["id"].as_str().unwrap()), None)
+        .await
+        .1;
+    tokio::time::sleep(Duration::from_millis(1100)).await;
+    ws.send(Message::Binary(b"echo relayed-$((2+3))\r".to_vec().into()))
+        .await
+        .unwrap();
+    read_until(&mut ws, "relayed-5").await;
+    ws.send(Message::Text(r#"{"type":"ping"}"#.into())).await.unwrap();
+    loop {
+        match tokio::time::timeout(Duration::from_secs(10), ws.next()).await.unwrap() {
+            Some(Ok(Message::Text(t))) if t.as_str().contains("pong") => break,
+            Some(Ok(_)) => {}
+            other => panic!("no pong: {other:?}"),
+        }
+    }
+    // Terminal traffic is activity: last_seen_at moved.
+    let deadline = Instant::now() + Duration::from_secs(10);
+    loop {
+        let after = server
+            .call("GET", &format!("{A}/sessions/{}", one["id"].as_str().unwrap()), None)
+            .await
+            .1;
+        if after["last_seen_at"].as_str() > before["last_seen_at"].as_str() {
+            break;
+        }
+        assert!(Instant::now() < deadline, "last_seen_at did not move: {before} {after}");
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    ws.close(None).await.unwrap();
+    drop(ws);
+
+    // Bearer works too, and reaches the same terminal: its repaint shows the earlier output.
+    let mut ws = connect(&server, &path, Some(token)).await.unwrap();
+    read_until(&mut ws, "relayed-5").await;
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn idle_timeout_counts_terminal_bytes_as_activity() {
+    let tmp = tempfile::tempdir().unwrap();
+    let bin = tmp.path().join("fake-bin");
+    write_script(&bin, "claude", SHELL_CLAUDE);
+    let server = LapServer::start(
+        &tmp.path().join("data"),
+        &[("PATH", path_with(&bin)), ("LAP_IDLE_TIMEOUT", "4s".to_owned())],
+    )
+    .await;
+    let s = ready_session(&server, json!({"name": "idle", "harness_id": "claude-code"})).await;
+    let id = s["id"].as_str().unwrap();
+    let mut ws = connect(
+        &server,
+        s["tty_url"].as_str().unwrap(),
+        Some(s["tty_token"].as_str().unwrap()),
+    )
+    .await
+    .unwrap();
+    read_until(&mut ws, "lap$").await;
+    // Type for twice the idle timeout: the session stays.
+    for i in 0..16 {
+        ws.send(Message::Binary(format!("echo tick-{i}\r").into_bytes().into()))
+            .await
+            .unwrap();
+        read_until(&mut ws, &format!("tick-{i}\r\n")).await;
+        tokio::time::sleep(Duration::from_millis(500)).await;
+    }
+    let (_, v) = server.call("GET", &format!("{A}/sessions/{id}"), None).await;
+    assert_eq!(v["status"], "ready", "reaped while typing: {v}");
+    // Silence: reaped.
+    drop(ws);
+    let deadline = Instant::now() + Duration::from_secs(30);
+    loop {
+        let (_, v) = server.call("GET", &format!("{A}/sessions/{id}"), None).await;
+        if v["status"] == "dead" {
+            break;
+        }
+        assert!(Instant::now() < deadline, "not reaped after going quiet: {v}");
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn bring_up_phases_show_in_the_session() {
+    let tmp = tempfile::tempdir().unwrap();
+    // A repository to clone, and a git that takes its time, so each phase is seen.
+    let repo = tmp.path().join("repo");
+    std::fs::create_dir_all(&repo).unwrap();
+    let git = |args: &[&str]| {
+        let ok = Command::new("git")
+            .args(["-c", "user.name=t", "-c", "user.email=t@example.invalid"])
+            .args(args)
+            .current_dir(&repo)
+            .output()
+            .unwrap()
+            .status
+            .success();
+        assert!(ok, "git {args:?}");
+    };
+    git(&["init", "-q", "-b", "main"]);
+    std::fs::write(repo.join("README"), "hi\n").unwrap();
+    git(&["add", "README"]);
+    git(&["commit", "-q", "-m", "one"]);
+    let real_git = std::env::split_paths(&std::env::var_os("PATH").unwrap())
+        .map(|d| d.join("git"))
+        .find(|p| p.is_file())
+        .unwrap();
+    let bin = tmp.path().join("fake-bin");
+    write_script(&bin, "claude", SHELL_CLAUDE);
+    write_script(
+        &bin,
+        "git",
+        &format!("#!/bin/sh\nsleep 2\nexec {} \"$@\"\n", real_git.display()),
+    );
+    let server = LapServer::start(&tmp.path().join("data"), &[("PATH", path_with(&bin))]).await;
+    let (_, agent) = server
+        .call(
+            "POST",
+            &format!("{A}/agents"),
+            Some(json!({"name": "cloner", "harness_id": "claude-code",
+                        "repo_url": format!("file://{}", repo.display()), "branch": "main"})),
+        )
+        .await;
+    let (_, session) = server
+        .call(
+            "POST",
+            &format!("{A}/agents/{}/session", agent["id"].as_str().unwrap()),
+            None,
+        )
+        .await;
+    let id = session["id"].as_str().unwrap();
+    let mut phases: Vec<String> = Vec::new();
+    let deadline = Instant::now() + Duration::from_secs(60);
+    loop {
+        let (_, v) = server.call("GET", &format!("{A}/sessions/{id}"), None).await;
+        let p = v["phase"].as_str().unwrap().to_owned();
+        if phases.last() != Some(&p) {
+            phases.push(p);
+        }
+        if v["status"] != "creating" {
+            assert_eq!(v["status"], "ready", "{v}");
+            break;
+        }
+        assert!(Instant::now() < deadline, "still creating: {phases:?}");
+        tokio::time::sleep(Duration::from_millis(30)).await;
+    }
+    let at = |p: &str| phases.iter().position(|x| x == p);
+    assert!(at("cloning_repo").is_some(), "{phases:?}");
+    assert!(at("starting-harness") < at("cloning_repo"), "{phases:?}");
+    assert_eq!(phases.last().map(String::as_str), Some("ready"), "{phases:?}");
+    let sandbox = server.data_dir.join("sandboxes").join(id);
+    assert!(sandbox.join("home/workspace/README").is_file(), "not cloned");
+}
+
+/// `/events` carries the agent's own events (here the stand-in CLI's stream-json lines) from a
+/// message sent by another client, after the session's state.
+#[tokio::test(flavor = "multi_thread")]
+async fn events_carry_the_agents_own_event_stream() {
+    let tmp = tempfile::tempdir().unwrap();
+    let bin = tmp.path().join("fake-bin");
+    write_script(&bin, "claude", SHELL_CLAUDE);
+    let server = LapServer::start(&tmp.path().join("data"), &[("PATH", path_with(&bin))]).await;
+    let s = ready_session(&server, json!({"name": "ev", "harness_id": "claude-code"})).await;
+    let id = s["id"].as_str().unwrap();
+    let http = reqwest::Client::builder().no_proxy().build().unwrap();
+    let resp = http
+        .get(format!("{}{A}/sessions/{id}/events", server.url))
+        .bearer_auth(&server.key)
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(resp.status(), 200);
+    let mut body = resp.bytes_stream();
+    let mut text = String::new();
+    // The agent stream opens once the session is ready, asynchronously: send messages until
+    // one's events arrive (each message's events go to every subscriber from then on).
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while !text.contains("event: agent") || !text.contains("\"type\":\"result\"") {
+        assert!(Instant::now() < deadline, "no agent events; read: {text}");
+        if text.contains("event: session") {
+            let (st, r) = server
+                .call(
+                    "POST",
+                    &format!("{A}/sessions/{id}/message"),
+                    Some(json!({"text": "hi"})),
+                )
+                .await;
+            assert_eq!(st, 200, "{r}");
+        }
+        let window = Instant::now() + Duration::from_secs(2);
+        while let Ok(Some(Ok(chunk))) =
+            tokio::time::timeout(window.saturating_duration_since(Instant::now()), body.next()).await
+        {
+            text.push_str(&String::from_utf8_lossy(&chunk));
+            if text.contains("\"type\":\"result\"") {
+                break;
+            }
+        }
+    }
+    assert!(text.find("event: session") < text.find("event: agent"), "{text}");
+}
+
+// ---- the user's flow: `lap` in tmux ----
+
+struct Tmux {
+    socket: String,
+}
+
+impl Tmux {
+    fn cmd(&self) -> Command {
+        let mut c = Command::new("tmux");
+        c.args(["-L", &self.socket]);
+        c
+    }
+
+    /// A new session named `name` running `command` (with `env` added to the environment).
+    fn start(&self, name: &str, command: &str, env: &[(&str, String)]) {
+        let mut c = self.cmd();
+        c.args(["new-session", "-d", "-s", name, "-x", "120", "-y", "40"]);
+        for (k, v) in env {
+            c.arg("-e").arg(format!("{k}={v}"));
+        }
+        let out = c.arg(command).output().unwrap();
+        assert!(out.status.success(), "tmux: {}", String::from_utf8_lossy(&out.stderr));
+    }
+
+    fn capture(&self, name: &str) -> String {
+        let out = self.cmd().args(["capture-pane", "-p", "-t", name]).output().unwrap();
+        String::from_utf8_lossy(&out.stdout).into_owned()
+    }
+
+    fn keys(&self, name: &str, keys: &[&str]) {
+        let out = self.cmd().args(["send-keys", "-t", name]).args(keys).output().unwrap();
+        assert!(out.status.success());
+    }
+
+    /// Poll the pane until `done(screen)`; panics with the screen after `timeout`.
+    async fn wait(&self, name: &str, what: &str, timeout: Duration, done: impl Fn(&str) -> bool) -> String {
+        let deadline = Instant::now() + timeout;
+        loop {
+            let screen = self.capture(name);
+            if done(&screen) {
+                return screen;
+            }
+            assert!(Instant::now() < deadline, "waiting for {what}; the screen:\n{screen}");
+            tokio::time::sleep(Duration::from_millis(200)).await;
+        }
+    }
+}
+
+impl Drop for Tmux {
+    fn drop(&mut self) {
+        let _ = self.cmd().arg("kill-server").output();
+    }
+}
+
+/// `lap <agent>` in tmux against a running `lap-server`, the real `claude` TUI talking through
+/// the vault to a local stand-in: the TUI shows, a prompt gets the stand-in's reply, Ctrl-D
+/// detaches saying how to reattach, and `lap attach` shows the same session's screen.
+#[tokio::test(flavor = "multi_thread")]
+async fn lap_agent_in_tmux_detaches_and_reattaches_to_the_same_session() {
+    if !on_path("tmux") || !on_path("claude") {
+        eprintln!("SKIPPED: needs tmux and the `claude` CLI on PATH (bash .ci/run installs both)");
+        return;
+    }
+    let real = format!(
+        "sk-ant-api03-REAL{}",
+        lap_control_plane::app::new_id("k").replace('_', "")
+    );
+    let standin = StandIn::start(&real).await;
+    let tmp = tempfile::tempdir().unwrap();
+    let base = tmp.path().join("base.toml");
+    std::fs::write(
+        &base,
+        format!(
+            "upstream_ca_files = [{:?}]\n\n[resolve]\n\"api.anthropic.com:443\" = \"127.0.0.1:{}\"\n",
+            standin.ca_path.display().to_string(),
+            standin.port
+        ),
+    )
+    .unwrap();
+    let server = LapServer::start(
+        &tmp.path().join("data"),
+        &[("LAP_SIDECAR_BASE_CONFIG", base.display().to_string())],
+    )
+    .await;
+    let (s, _) = server
+        .call(
+            "POST",
+            &format!("{A}/agents"),
+            Some(json!({"name": "coder", "harness_id": "claude-code"})),
+        )
+        .await;
+    assert_eq!(s, 201);
+
+    let home = tmp.path().join("user-home");
+    std::fs::create_dir_all(&home).unwrap();
+    let lap = workspace_bin("lap");
+    let env = [
+        ("LAP_URL", server.url.clone()),
+        ("MASTER_KEY", server.key.clone()),
+        ("ANTHROPIC_API_KEY", real.clone()),
+        ("HOME", home.display().to_string()),
+        ("TERM", "xterm-256color".to_owned()),
+    ];
+    let tmux = Tmux {
+        socket: format!("lap-test-{}", std::process::id()),
+    };
+    tmux.start(
+        "first",
+        &format!(
+            "{} coder -e ANTHROPIC_API_KEY; echo LAP-EXIT=$?; sleep 600",
+            lap.display()
+        ),
+        &env,
+    );
+    let screen = tmux
+        .wait("first", "the Claude Code TUI", Duration::from_secs(120), |s| {
+            s.contains("Claude Code") && s.contains('❯') || s.contains("LAP-EXIT")
+        })
+        .await;
+    assert!(!screen.contains("LAP-EXIT"), "lap exited:\n{screen}");
+
+    // The TUI talks to the model through the vault: the stand-in only answers the real key.
+    tmux.keys("first", &["-l", "Say hello"]);
+    tmux.wait("first", "the typed prompt", Duration::from_secs(20), |s| {
+        s.contains("Say hello")
+    })
+    .await;
+    tmux.keys("first", &["Enter"]);
+    let screen = tmux
+        .wait("first", "the stand-in's reply", Duration::from_secs(90), |s| {
+            s.contains(REPLY)
+        })
+        .await;
+    eprintln!("---- lap coder, after a prompt ----\n{screen}");
+    assert!(standin.authorized.load(std::sync::atomic::Ordering::SeqCst) >= 1);
+
+    // Ctrl-D detaches and says how to come back.
+    tmux.keys("first", &["C-d"]);
+    let screen = tmux
+        .wait("first", "the detach message", Duration::from_secs(20), |s| {
+            s.contains("LAP-EXIT")
+        })
+        .await;
+    assert!(screen.contains("LAP-EXIT=0"), "{screen}");
+    eprintln!("---- after Ctrl-D ----\n{screen}");
+    let line = screen
+        .lines()
+        .find(|l| l.contains("lap attach ses_"))
+        .unwrap_or_else(|| panic!("{screen}"));
+    let id: String = line[line.find("ses_").unwrap()..]
+        .chars()
+        .take_while(|c| c.is_ascii_alphanumeric() || *c == '_')
+        .collect();
+
+    // Still running.
+    let (_, v) = server.call("GET", &format!("{A}/sessions/{id}"), None).await;
+    assert_eq!(v["status"], "ready", "{v}");
+
+    // `lap attach` shows the same session: the conversation is on the repainted screen.
+    tmux.start(
+        "second",
+        &format!("{} attach {id}; echo LAP-EXIT=$?; sleep 600", lap.display()),
+        &env,
+    );
+    let screen = tmux
+        .wait("second", "the same session's screen", Duration::from_secs(30), |s| {
+            s.contains(REPLY) && s.contains("Say hello") || s.contains("LAP-EXIT")
+        })
+        .await;
+    assert!(!screen.contains("LAP-EXIT"), "lap attach exited:\n{screen}");
+    eprintln!("---- lap attach {id} ----\n{screen}");
+    tmux.keys("second", &["C-d"]);
+    tmux.wait("second", "the second detach", Duration::from_secs(20), |s| {
+        s.contains("LAP-EXIT=0")
+    })
+    .await;
+    let (s, v) = server.call("DELETE", &format!("{A}/sessions/{id}"), None).await;
+    assert_eq!((s, v["status"].as_str()), (200, Some("dead")));
+}
