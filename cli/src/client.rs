@@ -131,6 +131,12 @@ impl Client {
             .await
     }
 
+    /// `GET /sessions/{id}/events`: the SSE response (session state changes, agent events).
+    pub(crate) async fn events(&self, id: &str) -> Result<reqwest::Response, ClientError> {
+        self.send(self.request(reqwest::Method::GET, &format!("{BASE}/sessions/{id}/events")))
+            .await
+    }
+
     pub(crate) async fn create_session(&self, agent_id: &str, body: Value) -> Result<Value, ClientError> {
         self.json(
             self.request(reqwest::Method::POST, &format!("{BASE}/agents/{agent_id}/session"))

@@ -176,55 +176,73 @@ pub(crate) async fn sessions(agent: Option<String>) -> Result<ExitCode> {
     Ok(ExitCode::SUCCESS)
 }
 
-/// Follow a session's bring-up until it leaves `creating`, one line per phase, with a spinner
-/// on a terminal. Returns the session.
+/// Follow a session's bring-up until it leaves `creating`: one line per phase (from the
+/// session's `/events`, so none is missed), with a spinner on a terminal. Returns the session.
 async fn wait_ready(c: &Client, id: &str) -> Result<Value> {
     let tty = std::io::stderr().is_terminal();
     let started = Instant::now();
     let mut phase_started = Instant::now();
     let mut shown: Option<String> = None;
     let mut frame = 0usize;
-    let finish_line = |phase: &str, took: Duration| {
-        if tty {
-            eprint!("\r\x1b[2K");
-        }
-        eprintln!("  ✓ {phase} ({:.1}s)", took.as_secs_f64());
-    };
+    let mut events = c.events(id).await?.bytes_stream();
+    let mut parser = SseParser::default();
+    let mut tick = tokio::time::interval(Duration::from_millis(120));
+    let mut last: Option<Value> = None;
     loop {
-        let s = c.session(id).await?;
-        let status = str_of(&s, "status").to_owned();
-        let phase = str_of(&s, "phase").to_owned();
-        if shown.as_deref() != Some(phase.as_str()) {
-            if let Some(prev) = shown.take() {
-                finish_line(&prev, phase_started.elapsed());
-            }
-            if status == "creating" {
-                if !tty {
-                    eprintln!("  … {phase}");
+        tokio::select! {
+            chunk = events.next() => match chunk {
+                Some(Ok(bytes)) => {
+                    for ev in parser.feed(&bytes).into_iter().filter(|e| e.event == "session") {
+                        let s: Value = serde_json::from_str(&ev.data).unwrap_or_default();
+                        let phase = str_of(&s, "phase").to_owned();
+                        if shown.as_deref() != Some(phase.as_str()) {
+                            if let Some(prev) = shown.take() {
+                                if tty {
+                                    eprint!("\r\x1b[2K");
+                                }
+                                eprintln!("  ✓ {prev} ({:.1}s)", phase_started.elapsed().as_secs_f64());
+                            }
+                            if s["status"] == "creating" {
+                                shown = Some(phase);
+                                phase_started = Instant::now();
+                            }
+                        }
+                        last = Some(s);
+                    }
                 }
-                shown = Some(phase.clone());
-                phase_started = Instant::now();
+                // The stream broke (server restart?): look once, then follow a new one.
+                _ => {
+                    last = Some(c.session(id).await?);
+                    tokio::time::sleep(Duration::from_millis(500)).await;
+                    events = c.events(id).await?.bytes_stream();
+                    parser = SseParser::default();
+                }
+            },
+            _ = tick.tick() => {
+                if tty {
+                    if let Some(p) = &shown {
+                        eprint!(
+                            "\r\x1b[2K  {} {p} ({:.0}s)",
+                            SPINNER[frame % SPINNER.len()],
+                            started.elapsed().as_secs_f64()
+                        );
+                        std::io::stderr().flush().ok();
+                    }
+                }
+                frame += 1;
             }
         }
-        if status != "creating" {
-            if tty {
-                eprint!("\r\x1b[2K");
+        if let Some(s) = last.take() {
+            if s["status"] != "creating" {
+                if tty {
+                    eprint!("\r\x1b[2K");
+                }
+                return Ok(s);
             }
-            return Ok(s);
         }
-        if tty {
-            eprint!(
-                "\r\x1b[2K  {} {phase} ({:.0}s)",
-                SPINNER[frame % SPINNER.len()],
-                started.elapsed().as_secs_f64()
-            );
-            std::io::stderr().flush().ok();
-        }
-        frame += 1;
         if started.elapsed() > READY_WAIT {
             bail!("session {id} is still creating after {READY_WAIT:?}; `lap sessions` shows it");
         }
-        tokio::time::sleep(Duration::from_millis(120)).await;
     }
 }
 

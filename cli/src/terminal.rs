@@ -41,6 +41,10 @@ impl Drop for RawMode {
         if self.active {
             let mut out = std::io::stdout();
             let _ = out.write_all(RESET.as_bytes());
+            // Whatever follows (the detach message) goes below the agent's screen, not over it.
+            if let Some((_, rows)) = term_size() {
+                let _ = write!(out, "\x1b[{rows};1H\r\n");
+            }
             let _ = out.flush();
             let _ = crossterm::terminal::disable_raw_mode();
         }

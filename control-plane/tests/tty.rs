@@ -329,6 +329,108 @@ async fn events_carry_the_agents_own_event_stream() {
     assert!(text.find("event: session") < text.find("event: agent"), "{text}");
 }
 
+/// `lap` without a terminal: login (0600 file, checked key), agents, secrets set (value from
+/// stdin), `<agent> --no-attach`, sessions, send (the reply streamed), and clear errors.
+#[tokio::test(flavor = "multi_thread")]
+async fn lap_commands_against_a_running_server() {
+    let tmp = tempfile::tempdir().unwrap();
+    let bin = tmp.path().join("fake-bin");
+    write_script(&bin, "claude", SHELL_CLAUDE);
+    let server = LapServer::start(&tmp.path().join("data"), &[("PATH", path_with(&bin))]).await;
+    let (s, _) = server
+        .call(
+            "POST",
+            &format!("{A}/agents"),
+            Some(json!({"name": "coder", "harness_id": "claude-code"})),
+        )
+        .await;
+    assert_eq!(s, 201);
+    let cfg = tmp.path().join("cfg").join("lap.toml");
+    let lap = |args: &[&str], env: &[(&str, &str)], stdin: &str| {
+        use std::io::Write;
+        let mut c = Command::new(workspace_bin("lap"));
+        c.args(args)
+            .env_remove("LAP_URL")
+            .env_remove("MASTER_KEY")
+            .env("LAP_CONFIG", &cfg)
+            .stdin(std::process::Stdio::piped())
+            .stdout(std::process::Stdio::piped())
+            .stderr(std::process::Stdio::piped());
+        for (k, v) in env {
+            c.env(k, v);
+        }
+        let mut child = c.spawn().unwrap();
+        child.stdin.take().unwrap().write_all(stdin.as_bytes()).unwrap();
+        let out = child.wait_with_output().unwrap();
+        (
+            out.status.code(),
+            String::from_utf8_lossy(&out.stdout).into_owned(),
+            String::from_utf8_lossy(&out.stderr).into_owned(),
+        )
+    };
+    let url = server.url.as_str();
+    let key = server.key.as_str();
+
+    // Not logged in: says how to.
+    let (code, _, err) = lap(&["agents"], &[], "");
+    assert_eq!(code, Some(1));
+    assert!(err.contains("lap login"), "{err}");
+    // A wrong key is refused and nothing is saved.
+    let (code, _, err) = lap(&["login", "--url", url], &[("MASTER_KEY", "wrong")], "");
+    assert_eq!(code, Some(1), "{err}");
+    assert!(err.contains("401"), "{err}");
+    assert!(!cfg.exists());
+    // The right key (from stdin here) is saved 0600.
+    let (code, _, err) = lap(&["login", "--url", url], &[], &format!("{key}\n"));
+    assert_eq!(code, Some(0), "{err}");
+    let mode = std::fs::metadata(&cfg).unwrap().permissions().mode() & 0o777;
+    assert_eq!(mode, 0o600);
+
+    let (code, out, err) = lap(&["agents"], &[], "");
+    assert_eq!(code, Some(0), "{err}");
+    assert!(
+        out.lines().next().unwrap().starts_with("NAME") && out.contains("coder"),
+        "{out}"
+    );
+
+    let (code, _, err) = lap(
+        &["secrets", "set", "GIT_TOKEN", "--host", "github.com"],
+        &[],
+        "ghp_secretvalue\n",
+    );
+    assert_eq!(code, Some(0), "{err}");
+    assert!(!err.contains("ghp_secretvalue"), "{err}");
+    let (_, v) = server.call("GET", "/api/v1/secrets/GIT_TOKEN", None).await;
+    assert_eq!(v["hosts"], json!(["github.com"]), "{v}");
+    let (code, _, err) = lap(&["secrets", "set", "EMPTY", "--host", "github.com"], &[], "");
+    assert_eq!(code, Some(1));
+    assert!(err.contains("no value on stdin"), "{err}");
+
+    let (code, out, err) = lap(&["coder", "--no-attach", "-e", "ANTHROPIC_API_KEY=sk-ant-x"], &[], "");
+    assert_eq!(code, Some(0), "{err}");
+    assert!(err.contains("starting-harness"), "phases shown: {err}");
+    let id = out.trim().to_owned();
+    assert!(id.starts_with("ses_"), "{out}");
+    let (code, out, _) = lap(&["sessions", "--agent", "coder"], &[], "");
+    assert_eq!(code, Some(0));
+    assert!(out.lines().any(|l| l.contains(&id) && l.contains("ready")), "{out}");
+
+    let (code, out, err) = lap(&["send", &id, "hello", "there"], &[], "");
+    assert_eq!(code, Some(0), "{err}");
+    assert_eq!(out.trim(), "ok");
+
+    let (code, _, err) = lap(&["nosuchagent"], &[], "");
+    assert_eq!(code, Some(1));
+    assert!(err.contains("no agent named `nosuchagent`"), "{err}");
+    let (code, _, err) = lap(&["attach", "ses_nope"], &[], "");
+    assert_eq!(code, Some(1));
+    assert!(err.contains("not found"), "{err}");
+    // The environment wins over the file.
+    let (code, _, err) = lap(&["agents"], &[("MASTER_KEY", "wrong")], "");
+    assert_eq!(code, Some(1));
+    assert!(err.contains("401"), "{err}");
+}
+
 // ---- the user's flow: `lap` in tmux ----
 
 struct Tmux {
