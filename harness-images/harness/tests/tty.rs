@@ -100,6 +100,8 @@ struct Viewer {
     screen: vt100::Parser,
     controls: Vec<serde_json::Value>,
     frames: usize,
+    /// How long [`Viewer::until`] waits.
+    patience: Duration,
 }
 
 impl Viewer {
@@ -109,6 +111,7 @@ impl Viewer {
             screen: vt100::Parser::new(rows.try_into().unwrap(), cols.try_into().unwrap(), 0),
             controls: Vec::new(),
             frames: 0,
+            patience: Duration::from_secs(20),
         }
     }
 
@@ -123,9 +126,9 @@ impl Viewer {
         self.ws.send(Message::Text(v.to_string().into())).await.unwrap();
     }
 
-    /// Read frames until `done(screen text, controls)` or panic after 20 s.
+    /// Read frames until `done(screen text, controls)` or panic after `patience`.
     async fn until(&mut self, what: &str, done: impl Fn(&str, &[serde_json::Value]) -> bool) {
-        let deadline = Instant::now() + Duration::from_secs(20);
+        let deadline = Instant::now() + self.patience;
         loop {
             if done(&self.screen.screen().contents(), &self.controls) {
                 return;
@@ -304,6 +307,53 @@ async fn the_real_claude_tui_opens_at_its_prompt() {
     // Typed text reaches the TUI's input line.
     a.send("hello from lap").await;
     a.until_text("hello from lap").await;
+}
+
+/// The real Codex TUI (after the harness's `codex login --with-api-key` with the stub).
+#[tokio::test]
+async fn the_real_codex_tui_opens() {
+    if which("codex").is_none() {
+        eprintln!("SKIPPED: the `codex` CLI is not on PATH (npm install -g @openai/codex)");
+        return;
+    }
+    let h = Harness::start(
+        "codex",
+        None,
+        &[
+            ("OPENAI_API_KEY", "sk-proj-lapstub0123456789abcdef"),
+            ("HTTPS_PROXY", "http://127.0.0.1:9"),
+        ],
+    )
+    .await;
+    let mut a = Viewer::new(h.connect("?cols=100&rows=30", Some("tok")).await.unwrap(), 30, 100).await;
+    a.patience = Duration::from_secs(60);
+    a.until("the Codex TUI", |s, _| s.contains("OpenAI Codex")).await;
+}
+
+/// The real opencode TUI (full screen: a reattach repaints it from the alternate screen).
+#[tokio::test]
+async fn the_real_opencode_tui_opens_and_repaints_on_reattach() {
+    if which("opencode").is_none() {
+        eprintln!("SKIPPED: the `opencode` CLI is not on PATH (npm install -g opencode-ai)");
+        return;
+    }
+    let h = Harness::start(
+        "opencode",
+        None,
+        &[
+            ("ANTHROPIC_API_KEY", "sk-ant-api03-lapstub0123456789"),
+            ("HTTPS_PROXY", "http://127.0.0.1:9"),
+        ],
+    )
+    .await;
+    let mut a = Viewer::new(h.connect("?cols=100&rows=30", Some("tok")).await.unwrap(), 30, 100).await;
+    // Its first start takes a while on a busy machine.
+    a.patience = Duration::from_secs(120);
+    a.until("the opencode TUI", |s, _| s.contains("Ask anything")).await;
+    drop(a);
+    let mut b = Viewer::new(h.connect("", Some("tok")).await.unwrap(), 30, 100).await;
+    b.until("the repainted opencode TUI", |s, _| s.contains("Ask anything"))
+        .await;
 }
 
 fn which(bin: &str) -> Option<std::path::PathBuf> {
