@@ -281,6 +281,194 @@ async fn bring_up_phases_show_in_the_session() {
     assert!(sandbox.join("home/workspace/README").is_file(), "not cloned");
 }
 
+/// A git server over HTTPS (smart HTTP: `git http-backend` behind python3's `ssl`) that only
+/// serves HTTP Basic `x-access-token:<REAL>`.
+const HTTPS_GIT_SERVER: &str = r#"
+import base64, http.server, os, ssl, subprocess, sys
+root, port_file, expected, cert, key = sys.argv[1:6]
+want = "Basic " + base64.b64encode(expected.encode()).decode()
+class H(http.server.BaseHTTPRequestHandler):
+    def handle_one(self):
+        if self.headers.get("Authorization") != want:
+            self.send_response(401)
+            self.send_header("WWW-Authenticate", 'Basic realm="git"')
+            self.send_header("Content-Length", "0")
+            self.end_headers()
+            return
+        path, _, query = self.path.partition("?")
+        body = self.rfile.read(int(self.headers.get("Content-Length") or 0))
+        env = dict(os.environ, GIT_PROJECT_ROOT=root, GIT_HTTP_EXPORT_ALL="1", PATH_INFO=path,
+                   QUERY_STRING=query, REQUEST_METHOD=self.command, REMOTE_USER="x-access-token",
+                   CONTENT_TYPE=self.headers.get("Content-Type", ""), CONTENT_LENGTH=str(len(body)))
+        out = subprocess.run(["git", "http-backend"], input=body, env=env, capture_output=True).stdout
+        head, _, payload = out.partition(b"\r\n\r\n")
+        status, headers = 200, []
+        for line in head.decode().split("\r\n"):
+            k, _, v = line.partition(":")
+            if k.lower() == "status":
+                status = int(v.split()[0])
+            elif k:
+                headers.append((k, v.strip()))
+        self.send_response(status)
+        for k, v in headers:
+            self.send_header(k, v)
+        self.send_header("Content-Length", str(len(payload)))
+        self.end_headers()
+        self.wfile.write(payload)
+    do_GET = do_POST = handle_one
+    def log_message(self, *a):
+        pass
+srv = http.server.ThreadingHTTPServer(("127.0.0.1", 0), H)
+ctx = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
+ctx.load_cert_chain(cert, key)
+srv.socket = ctx.wrap_socket(srv.socket, server_side=True)
+open(port_file + ".tmp", "w").write(str(srv.server_address[1]))
+os.rename(port_file + ".tmp", port_file)
+srv.serve_forever()
+"#;
+
+/// A test CA and a leaf for `host`, as PEM files in `dir`: (ca, cert, key).
+fn test_pki(dir: &std::path::Path, host: &str) -> (std::path::PathBuf, std::path::PathBuf, std::path::PathBuf) {
+    use rcgen::{BasicConstraints, CertificateParams, DnType, ExtendedKeyUsagePurpose, IsCa, KeyPair, KeyUsagePurpose};
+    let ca_key = KeyPair::generate().unwrap();
+    let mut ca_params = CertificateParams::new(Vec::<String>::new()).unwrap();
+    ca_params.distinguished_name.push(DnType::CommonName, "LAP git test CA");
+    ca_params.is_ca = IsCa::Ca(BasicConstraints::Unconstrained);
+    ca_params.key_usages = vec![KeyUsagePurpose::KeyCertSign, KeyUsagePurpose::CrlSign];
+    let ca = ca_params.self_signed(&ca_key).unwrap();
+    let leaf_key = KeyPair::generate().unwrap();
+    let mut leaf_params = CertificateParams::new(vec![host.to_owned()]).unwrap();
+    leaf_params.distinguished_name.push(DnType::CommonName, host);
+    leaf_params.extended_key_usages = vec![ExtendedKeyUsagePurpose::ServerAuth];
+    leaf_params.key_usages = vec![KeyUsagePurpose::DigitalSignature];
+    leaf_params.use_authority_key_identifier_extension = true;
+    let leaf = leaf_params.signed_by(&leaf_key, &ca, &ca_key).unwrap();
+    let paths = (dir.join("ca.pem"), dir.join("leaf.pem"), dir.join("leaf.key"));
+    std::fs::write(&paths.0, ca.pem()).unwrap();
+    std::fs::write(&paths.1, format!("{}{}", leaf.pem(), ca.pem())).unwrap();
+    std::fs::write(&paths.2, leaf_key.serialize_pem()).unwrap();
+    paths
+}
+
+/// `cloning_repo` through the vault: the harness holds a `GIT_TOKEN` stub, git offers it as
+/// HTTP Basic credentials, the sidecar swaps in the registry secret's real value on the way to
+/// the git host only; the clone lands in the workspace, and the agent's terminal has no
+/// `GIT_TOKEN`.
+#[tokio::test(flavor = "multi_thread")]
+async fn clone_through_the_vault_with_git_token_for_the_clone_only() {
+    let tmp = tempfile::tempdir().unwrap();
+    let host = "git.lap.test";
+    let (ca, cert, key) = test_pki(tmp.path(), host);
+    let srv = tmp.path().join("git");
+    let src = srv.join("src");
+    std::fs::create_dir_all(&src).unwrap();
+    let git = |args: &[&str], cwd: &std::path::Path| {
+        let out = Command::new("git")
+            .args(["-c", "user.name=t", "-c", "user.email=t@example.invalid"])
+            .args(args)
+            .current_dir(cwd)
+            .output()
+            .unwrap();
+        assert!(
+            out.status.success(),
+            "git {args:?}: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+    };
+    git(&["init", "-q", "-b", "main"], &src);
+    std::fs::write(src.join("SECRET_README"), "private\n").unwrap();
+    git(&["add", "SECRET_README"], &src);
+    git(&["commit", "-q", "-m", "one"], &src);
+    git(&["clone", "-q", "--bare", "src", "repo.git"], &srv);
+    let real = format!("ghp_REAL{}", lap_control_plane::app::new_id("t").replace('_', ""));
+    let port_file = tmp.path().join("git-port");
+    let _git_server = tokio::process::Command::new("python3")
+        .args(["-c", HTTPS_GIT_SERVER])
+        .arg(&srv)
+        .arg(&port_file)
+        .arg(format!("x-access-token:{real}"))
+        .arg(&cert)
+        .arg(&key)
+        .kill_on_drop(true)
+        .spawn()
+        .unwrap();
+    let deadline = Instant::now() + Duration::from_secs(20);
+    let port = loop {
+        if let Ok(p) = std::fs::read_to_string(&port_file) {
+            break p;
+        }
+        assert!(Instant::now() < deadline, "the git server did not start");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    };
+    let base = tmp.path().join("base.toml");
+    std::fs::write(
+        &base,
+        format!(
+            "upstream_ca_files = [{:?}]\n\n[resolve]\n\"{host}:443\" = \"127.0.0.1:{port}\"\n",
+            ca.display().to_string()
+        ),
+    )
+    .unwrap();
+    let bin = tmp.path().join("fake-bin");
+    write_script(&bin, "claude", SHELL_CLAUDE);
+    let server = LapServer::start(
+        &tmp.path().join("data"),
+        &[
+            ("PATH", path_with(&bin)),
+            ("LAP_SIDECAR_BASE_CONFIG", base.display().to_string()),
+        ],
+    )
+    .await;
+    let (s, v) = server
+        .call(
+            "POST",
+            "/api/v1/secrets",
+            Some(json!({"name": "GIT_TOKEN", "value": real, "hosts": [host]})),
+        )
+        .await;
+    assert_eq!(s, 201, "{v}");
+    let s = ready_session(
+        &server,
+        json!({"name": "private", "harness_id": "claude-code", "secrets": ["GIT_TOKEN"],
+               "repo_url": format!("https://{host}/repo.git"), "branch": "main"}),
+    )
+    .await;
+    let id = s["id"].as_str().unwrap();
+    let workspace = server.data_dir.join("sandboxes").join(id).join("home/workspace");
+    assert_eq!(
+        std::fs::read_to_string(workspace.join("SECRET_README")).unwrap(),
+        "private\n"
+    );
+    let git_config = std::fs::read_to_string(workspace.join(".git/config")).unwrap();
+    assert!(
+        !git_config.contains("lapstub") && !git_config.contains(&real),
+        "{git_config}"
+    );
+    let (_, events) = server
+        .call("GET", &format!("{A}/sessions/{id}/interceptions"), None)
+        .await;
+    let injected = events.as_array().unwrap().iter().any(|e| {
+        e["host"] == host
+            && e["injected"]
+                .as_array()
+                .is_some_and(|i| i.iter().any(|x| x["secret"] == "GIT_TOKEN"))
+    });
+    assert!(injected, "no GIT_TOKEN injection toward {host}: {events}");
+    // The agent never sees the token.
+    let mut ws = connect(
+        &server,
+        s["tty_url"].as_str().unwrap(),
+        Some(s["tty_token"].as_str().unwrap()),
+    )
+    .await
+    .unwrap();
+    read_until(&mut ws, "lap$").await;
+    ws.send(Message::Binary(b"echo \"gt=[$GIT_TOKEN]\"\r".to_vec().into()))
+        .await
+        .unwrap();
+    read_until(&mut ws, "gt=[]").await;
+}
+
 /// `/events` carries the agent's own events (here the stand-in CLI's stream-json lines) from a
 /// message sent by another client, after the session's state.
 #[tokio::test(flavor = "multi_thread")]
