@@ -86,6 +86,7 @@ pub async fn tty(
                 .unwrap_or_else(|| format!("the harness answered {}", r.status()));
             // The harness's own refusals (no terminal UI, still starting) pass through.
             return Err(match r.status().as_u16() {
+                400 => ApiError::BadRequest(body),
                 409 => ApiError::Conflict(body),
                 _ => ApiError::BadGateway(body),
             });

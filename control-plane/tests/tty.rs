@@ -123,6 +123,20 @@ async fn tty_is_relayed_and_authorised_by_the_sessions_own_token() {
     let v: serde_json::Value = r.json().await.unwrap();
     assert!(v["error"].as_str().unwrap().contains("WebSocket"), "{v}");
 
+    // A bad size is the harness's 400, passed on.
+    assert_eq!(
+        connect(&server, &format!("{path}?token={token}&cols=0&rows=30"), None)
+            .await
+            .err(),
+        Some(400)
+    );
+    assert_eq!(
+        connect(&server, &format!("{path}?token={token}&cols=x&rows=30"), None)
+            .await
+            .err(),
+        Some(400)
+    );
+
     // ?token= works; bytes go both ways.
     let mut ws = connect(&server, &format!("{path}?token={token}&cols=100&rows=30"), None)
         .await
