@@ -77,7 +77,12 @@ enum SecretsCommand {
 
 /// `lap <agent-name>`'s own options.
 #[derive(Debug, Parser)]
-#[command(name = "lap <agent-name>", no_binary_name = true)]
+#[command(
+    name = "lap",
+    no_binary_name = true,
+    about = "Start a session of an agent, show its bring-up, attach to its terminal",
+    override_usage = "lap <AGENT> [-e KEY[=VALUE]]... [--title TITLE] [--no-attach]"
+)]
 pub(crate) struct RunArgs {
     /// The agent's name (or id).
     pub(crate) agent: String,
