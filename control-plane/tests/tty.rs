@@ -812,3 +812,71 @@ async fn lap_agent_in_tmux_detaches_and_reattaches_to_the_same_session() {
     let (s, v) = server.call("DELETE", &format!("{A}/sessions/{id}"), None).await;
     assert_eq!((s, v["status"].as_str()), (200, Some("dead")));
 }
+
+/// The terminal is restored when the attach ends badly: the session is stopped while `lap` is
+/// attached; `lap` says so, exits 1, and the tty is back in cooked mode (`icanon`, `echo`).
+#[tokio::test(flavor = "multi_thread")]
+async fn lap_restores_the_terminal_when_the_session_goes_away() {
+    if !on_path("tmux") {
+        eprintln!("SKIPPED: needs tmux on PATH (bash .ci/run installs it)");
+        return;
+    }
+    let tmp = tempfile::tempdir().unwrap();
+    let bin = tmp.path().join("fake-bin");
+    write_script(&bin, "claude", SHELL_CLAUDE);
+    let server = LapServer::start(&tmp.path().join("data"), &[("PATH", path_with(&bin))]).await;
+    let (s, _) = server
+        .call(
+            "POST",
+            &format!("{A}/agents"),
+            Some(json!({"name": "shell", "harness_id": "claude-code"})),
+        )
+        .await;
+    assert_eq!(s, 201);
+    let tmux = Tmux {
+        socket: format!("lap-test-restore-{}", std::process::id()),
+    };
+    let env = [
+        ("LAP_URL", server.url.clone()),
+        ("MASTER_KEY", server.key.clone()),
+        ("HOME", tmp.path().display().to_string()),
+    ];
+    tmux.start(
+        "t",
+        &format!(
+            "{} shell; echo LAP-EXIT=$?; stty -a | tr ' ;' '\\n\\n' | grep -x -e -icanon -e icanon -e -echo -e echo; sleep 600",
+            workspace_bin("lap").display()
+        ),
+        &env,
+    );
+    tmux.wait("t", "the shell in the session", Duration::from_secs(60), |s| {
+        s.contains("lap$")
+    })
+    .await;
+    tmux.keys("t", &["-l", "echo attached-$((40+2))"]);
+    tmux.keys("t", &["Enter"]);
+    tmux.wait("t", "typed output", Duration::from_secs(20), |s| {
+        s.contains("attached-42")
+    })
+    .await;
+    let (_, sessions) = server.call("GET", &format!("{A}/sessions"), None).await;
+    let id = sessions["data"][0]["id"].as_str().unwrap().to_owned();
+    let (s, _) = server.call("DELETE", &format!("{A}/sessions/{id}"), None).await;
+    assert_eq!(s, 200);
+    let screen = tmux
+        .wait("t", "lap to exit", Duration::from_secs(30), |s| {
+            s.lines().any(|l| l.trim() == "icanon" || l.trim() == "-icanon")
+        })
+        .await;
+    eprintln!("---- after the session was stopped ----\n{screen}");
+    assert!(screen.contains("LAP-EXIT=1"), "{screen}");
+    assert!(
+        screen.contains(&format!("The connection to {id} closed (session dead)")),
+        "{screen}"
+    );
+    let modes: Vec<&str> = screen.lines().map(str::trim).collect();
+    assert!(
+        modes.contains(&"icanon") && modes.contains(&"echo"),
+        "raw mode left on:\n{screen}"
+    );
+}

@@ -269,6 +269,15 @@ async fn viewer(socket: WebSocket, h: Arc<Harness>, size: Option<Size>) {
                         break;
                     }
                 }
+                Ok(Output::Stopped) => {
+                    let _ = out
+                        .send(Message::Close(Some(axum::extract::ws::CloseFrame {
+                            code: axum::extract::ws::close_code::AWAY,
+                            reason: "the session is stopping".into(),
+                        })))
+                        .await;
+                    break;
+                }
                 Ok(Output::Exit(code)) => {
                     let _ = out.send(control_reply(serde_json::json!({"type": "exit", "code": code}))).await;
                     let _ = out.close().await;

@@ -6,7 +6,8 @@
 //! attaches (or falls behind) first gets the current screen repainted from the parser, never a
 //! replay of everything printed. Any viewer may type and resize; the last resize wins (tmux's
 //! `window-size latest`). When the agent exits, viewers get `{"type":"exit","code":N}` and the
-//! next attach starts it again.
+//! next attach starts it again; when the harness stops (the session is stopping), viewers get a
+//! close frame (1001, going away) instead.
 //!
 //! Wire: binary frames are raw terminal bytes both ways. Text frames from a viewer are control
 //! messages, `{"type":"resize","cols":C,"rows":R}` and `{"type":"ping"}` (answered
@@ -114,6 +115,8 @@ pub enum Output {
     Bytes(Bytes),
     /// The agent exited with this code.
     Exit(u32),
+    /// The harness is shutting down (the session is stopping): not the agent's own exit.
+    Stopped,
 }
 
 /// A terminal failure.
@@ -132,6 +135,8 @@ pub struct Pty {
     screen: Mutex<vt100::Parser>,
     output: broadcast::Sender<Output>,
     exited: std::sync::atomic::AtomicBool,
+    /// Set by [`Terminal::shutdown`]: the agent is being stopped, it did not exit on its own.
+    stopping: std::sync::atomic::AtomicBool,
     killer: Mutex<Box<dyn portable_pty::ChildKiller + Send + Sync>>,
     pid: Option<u32>,
 }
@@ -200,6 +205,7 @@ impl Pty {
             }),
             output: broadcast::channel(BACKLOG).0,
             exited: false.into(),
+            stopping: false.into(),
             killer: Mutex::new(child.clone_killer()),
             pid: child.process_id(),
         });
@@ -234,7 +240,11 @@ impl Pty {
                 let code = child.wait().map(|s| s.exit_code()).unwrap_or(1);
                 let _screen = lock(&out.screen);
                 out.exited.store(true, std::sync::atomic::Ordering::SeqCst);
-                let _ = out.output.send(Output::Exit(code));
+                if out.stopping.load(std::sync::atomic::Ordering::SeqCst) {
+                    let _ = out.output.send(Output::Stopped);
+                } else {
+                    let _ = out.output.send(Output::Exit(code));
+                }
                 tracing::info!(code, "the terminal's agent exited");
             })
             .map_err(|e| spawn_err(e.to_string()))?;
@@ -330,9 +340,10 @@ impl Terminal {
         lock(&self.current).clone().filter(|p| !p.has_exited())
     }
 
-    /// Stop the agent (harness shutdown).
+    /// Stop the agent (harness shutdown); viewers get [`Output::Stopped`], not an exit.
     pub fn shutdown(&self) {
         if let Some(p) = lock(&self.current).take() {
+            p.stopping.store(true, std::sync::atomic::Ordering::SeqCst);
             p.kill();
         }
     }
