@@ -11,16 +11,26 @@ pub(crate) struct SseEvent {
 /// Incremental SSE parser: feed chunks as they arrive, get whole events.
 #[derive(Debug, Default)]
 pub(crate) struct SseParser {
-    buf: String,
+    /// Bytes not yet part of a whole event (kept as bytes: a chunk may end inside a character).
+    buf: Vec<u8>,
 }
 
 impl SseParser {
     pub(crate) fn feed(&mut self, chunk: &[u8]) -> Vec<SseEvent> {
-        self.buf.push_str(&String::from_utf8_lossy(chunk));
-        self.buf = self.buf.replace("\r\n", "\n");
+        self.buf.extend_from_slice(chunk);
         let mut out = Vec::new();
-        while let Some(end) = self.buf.find("\n\n") {
-            let block: String = self.buf.drain(..end + 2).collect();
+        loop {
+            // An event ends at a blank line: "\n\n", "\r\n\r\n" (or a mix).
+            let end = (0..self.buf.len()).find_map(|i| {
+                let rest = &self.buf[i..];
+                [&b"\n\n"[..], b"\r\n\r\n", b"\n\r\n", b"\r\n\n"]
+                    .iter()
+                    .find(|sep| rest.starts_with(sep))
+                    .map(|sep| i + sep.len())
+            });
+            let Some(end) = end else { break };
+            let block: Vec<u8> = self.buf.drain(..end).collect();
+            let block = String::from_utf8_lossy(&block);
             let mut event = String::from("message");
             let mut data: Vec<&str> = Vec::new();
             for line in block.lines() {
@@ -88,6 +98,18 @@ mod tests {
                 }
             ]
         );
+    }
+
+    #[test]
+    fn a_character_split_across_chunks_survives() {
+        let text = "event: agent\ndata: {\"text\":\"✓ done 😀\"}\n\n".as_bytes();
+        for cut in 0..=text.len() {
+            let mut p = SseParser::default();
+            let mut got = p.feed(&text[..cut]);
+            got.extend(p.feed(&text[cut..]));
+            assert_eq!(got.len(), 1, "cut at {cut}");
+            assert_eq!(got[0].data, "{\"text\":\"✓ done 😀\"}", "cut at {cut}");
+        }
     }
 
     #[test]
