@@ -55,6 +55,8 @@ pub fn router(app: Arc<App>) -> Router {
         .route_layer(middleware::from_fn_with_state(app.clone(), require_bearer));
     Router::new()
         .route("/health", get(health))
+        // Authorised by the session's own tty_token, not the master key.
+        .route("/api/v1/managed_agents/sessions/{id}/tty", get(crate::tty::tty))
         .route("/metrics", get(metrics))
         .merge(authed)
         .fallback(|| async { ApiError::NotFound("route".into()) })
@@ -216,13 +218,16 @@ async fn message_stream(
         .map_err(|e| ApiError::Internal(e.to_string()))
 }
 
-/// SSE of this session's state: the current state first, then every change.
+/// SSE of this session: `session` events (the current state first, then every change) and,
+/// once it is ready, `agent` events (the agent CLI's own event stream, from every message).
 async fn session_events(
     State(app): State<AppState>,
     Path(id): Path<String>,
 ) -> ApiResult<Sse<impl Stream<Item = Result<Event, Infallible>>>> {
     let rx = app.subscribe();
     let current = app.get_session(&id).await?.view();
+    let agent = crate::agent_events::stream(app.clone(), id.clone(), current.status == crate::model::Status::Ready)
+        .map(|e| Ok(Event::default().event(e.event).data(e.data)));
     let first = stream::once(async move { current });
     let updates = stream::unfold(rx, move |mut rx| async move {
         loop {
@@ -242,7 +247,7 @@ async fn session_events(
                 .json_data(&v)
                 .unwrap_or_else(|_| Event::default().data("{}")))
         });
-    Ok(Sse::new(events).keep_alive(KeepAlive::default()))
+    Ok(Sse::new(stream::select(events, agent)).keep_alive(KeepAlive::default()))
 }
 
 async fn interceptions(State(app): State<AppState>, Path(id): Path<String>) -> ApiResult<Json<serde_json::Value>> {

@@ -625,6 +625,43 @@ impl App {
         Ok(resp)
     }
 
+    /// Open the harness's agent event stream (SSE) for a ready session.
+    pub async fn harness_events(&self, id: &str) -> Result<reqwest::Response, ApiError> {
+        let handle = self.ready_handle(id).await?;
+        let resp = self
+            .http
+            .get(format!("{}/events", handle.harness_url))
+            .bearer_auth(&handle.harness_token)
+            .send()
+            .await
+            .map_err(|e| ApiError::BadGateway(format!("the harness is unreachable: {e}")))?;
+        if !resp.status().is_success() {
+            return Err(ApiError::BadGateway(format!("the harness answered {}", resp.status())));
+        }
+        Ok(resp)
+    }
+
+    /// The harness behind a session's terminal, if `presented` is that session's own
+    /// `tty_token` (constant-time compare): 404 for no such session, 401 for any other token
+    /// (another session's too), 409 unless the session is ready.
+    pub async fn tty_handle(&self, id: &str, presented: Option<&str>) -> Result<SandboxHandle, ApiError> {
+        use subtle::ConstantTimeEq;
+        let s = self.get_session(id).await?;
+        let presented = presented.unwrap_or_default().as_bytes();
+        let expected = s.tty_token.as_bytes();
+        if presented.len() != expected.len() || !bool::from(presented.ct_eq(expected)) {
+            return Err(ApiError::TtyUnauthorized);
+        }
+        self.ready_handle(id).await
+    }
+
+    /// Record terminal activity (resets the idle timeout).
+    pub async fn touch(&self, id: &str) {
+        if let Err(e) = self.store.touch_session(id).await {
+            tracing::warn!(session = %id, error = %e, "cannot record terminal activity");
+        }
+    }
+
     /// The sidecar's audit events for a session.
     pub async fn interceptions(&self, id: &str) -> Result<serde_json::Value, ApiError> {
         let handle = self.ready_handle(id).await?;

@@ -17,6 +17,8 @@ pub enum ApiError {
     BadRequest(String),
     #[error("missing or wrong API key: send Authorization: Bearer <MASTER_KEY>")]
     Unauthorized,
+    #[error("missing or wrong terminal token: send this session's tty_token as ?token= or Authorization: Bearer")]
+    TtyUnauthorized,
     #[error("{0} not found")]
     NotFound(String),
     #[error("{0}")]
@@ -32,7 +34,7 @@ impl ApiError {
     pub fn status(&self) -> StatusCode {
         match self {
             Self::BadRequest(_) => StatusCode::BAD_REQUEST,
-            Self::Unauthorized => StatusCode::UNAUTHORIZED,
+            Self::Unauthorized | Self::TtyUnauthorized => StatusCode::UNAUTHORIZED,
             Self::NotFound(_) => StatusCode::NOT_FOUND,
             Self::Conflict(_) => StatusCode::CONFLICT,
             Self::BadGateway(_) => StatusCode::BAD_GATEWAY,

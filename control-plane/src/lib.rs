@@ -1,9 +1,10 @@
 //! LAP control plane (SPEC §3): `lap-server`'s REST API, store, sandbox backends and reconciler.
 //!
-//! Start reading at [`api`] (routes) → [`app`] (what each request does) → [`backend`] (how a
+//! Start reading at [`api`] (routes; the terminal's WebSocket relay is [`tty`]) → [`app`] (what each request does) → [`backend`] (how a
 //! sandbox is brought up). Pure cores: [`env_vars`] (per-session env var rules and stubs),
 //! [`lifecycle`] (reconciler decisions), [`settings`] (flags and durations).
 
+pub mod agent_events;
 pub mod api;
 pub mod app;
 pub mod backend;
@@ -18,3 +19,4 @@ pub mod reconciler;
 pub mod server;
 pub mod settings;
 pub mod store;
+pub mod tty;

@@ -27,6 +27,7 @@ pub struct Metrics {
     pub sessions_vanished: Counter,
     pub messages: Counter,
     pub message_errors: Counter,
+    pub tty_attaches: Counter,
 }
 
 impl Metrics {
@@ -53,6 +54,11 @@ impl Metrics {
             ),
             ("lap_messages_total", "Messages sent to harnesses", &self.messages),
             ("lap_message_errors_total", "Messages that failed", &self.message_errors),
+            (
+                "lap_tty_attaches_total",
+                "Terminal attaches relayed to harnesses",
+                &self.tty_attaches,
+            ),
         ];
         for (name, help, c) in counters {
             let _ = writeln!(out, "# HELP {name} {help}\n# TYPE {name} counter\n{name} {}", c.get());

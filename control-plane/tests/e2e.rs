@@ -226,6 +226,94 @@ async fn codex_session_gets_a_reply_through_the_vault() {
     assert!(injected, "no injection of OPENAI_API_KEY in {events}");
 }
 
+/// claude-agent-sdk: each message runs the Agent SDK (`@anthropic-ai/claude-agent-sdk`, from
+/// npm) through the `lap-agent-sdk` runner its image ships, with continuity, through the vault.
+#[tokio::test(flavor = "multi_thread")]
+async fn claude_agent_sdk_session_gets_a_reply_through_the_vault() {
+    let sdk_installed = std::process::Command::new("npm")
+        .args(["root", "-g"])
+        .output()
+        .ok()
+        .map(|o| String::from_utf8_lossy(&o.stdout).trim().to_owned())
+        .is_some_and(|root| {
+            std::path::Path::new(&root)
+                .join("@anthropic-ai/claude-agent-sdk/sdk.mjs")
+                .is_file()
+        });
+    if !sdk_installed {
+        eprintln!("SKIPPED: the Agent SDK is not installed (npm install -g @anthropic-ai/claude-agent-sdk)");
+        return;
+    }
+    let real = format!(
+        "sk-ant-api03-REAL{}",
+        lap_control_plane::app::new_id("k").replace('_', "")
+    );
+    let standin = StandIn::start(&real).await;
+    let tmp = tempfile::tempdir().unwrap();
+    let base = base_config(tmp.path(), &standin);
+    // The runner on PATH as `lap-agent-sdk`, as in the image.
+    let bin = tmp.path().join("bin");
+    std::fs::create_dir_all(&bin).unwrap();
+    let runner =
+        std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../harness-images/claude-agent-sdk/lap-agent-sdk.mjs");
+    std::fs::copy(&runner, bin.join("lap-agent-sdk")).unwrap();
+    std::fs::set_permissions(bin.join("lap-agent-sdk"), std::fs::Permissions::from_mode(0o755)).unwrap();
+    let path = format!("{}:{}", bin.display(), std::env::var("PATH").unwrap_or_default());
+    let server = LapServer::start(
+        &tmp.path().join("data"),
+        &[("LAP_SIDECAR_BASE_CONFIG", base.display().to_string()), ("PATH", path)],
+    )
+    .await;
+    let (s, agent) = server
+        .call(
+            "POST",
+            &format!("{A}/agents"),
+            Some(json!({"name": "sdk", "harness_id": "claude-agent-sdk"})),
+        )
+        .await;
+    assert_eq!(s, 201, "{agent}");
+    let aid = agent["id"].as_str().unwrap();
+    let (s, session) = server
+        .call(
+            "POST",
+            &format!("{A}/agents/{aid}/session"),
+            Some(json!({"env_vars": {"ANTHROPIC_API_KEY": real}})),
+        )
+        .await;
+    assert_eq!(s, 201, "{session}");
+    let sid = session["id"].as_str().unwrap().to_owned();
+    let session = server.wait_settled(&sid, Duration::from_secs(90)).await;
+    assert_eq!(session["status"], "ready", "{session}");
+    let sandbox = server.data_dir.join("sandboxes").join(&sid);
+    for text in ["Say hello", "Again"] {
+        let (s, reply) = server
+            .call(
+                "POST",
+                &format!("{A}/sessions/{sid}/message"),
+                Some(json!({"text": text})),
+            )
+            .await;
+        let log = std::fs::read_to_string(sandbox.join("harness.log")).unwrap_or_default();
+        assert_eq!(s, 200, "{reply}\nharness log:\n{log}");
+        assert!(reply["parts"][0]["text"].as_str().unwrap().contains(REPLY), "{reply}");
+    }
+    assert!(standin.authorized.load(std::sync::atomic::Ordering::SeqCst) >= 2);
+    // No terminal UI for the SDK harness: the terminal is a 409 that says so.
+    let url = format!(
+        "{}{A}/sessions/{sid}/tty?token={}",
+        server.url.replacen("http://", "ws://", 1),
+        session["tty_token"].as_str().unwrap()
+    );
+    match tokio_tungstenite::connect_async(url).await {
+        Err(tokio_tungstenite::tungstenite::Error::Http(r)) => {
+            assert_eq!(r.status(), 409);
+            let body = String::from_utf8_lossy(r.body().as_deref().unwrap_or_default()).into_owned();
+            assert!(body.contains("no terminal UI"), "{body}");
+        }
+        other => panic!("expected 409, got {other:?}"),
+    }
+}
+
 /// Without the agent CLI, the session fails with a reason that says so.
 #[tokio::test(flavor = "multi_thread")]
 async fn missing_agent_cli_fails_the_session_with_a_reason() {

@@ -280,12 +280,32 @@ impl LocalBackend {
         self.exited.lock().map(|e| e.contains(&pid)).unwrap_or(false) || !pid_alive(pid)
     }
 
-    /// Poll `url` until it answers 2xx, the process `pid` exits, or the deadline passes.
-    async fn wait_ready(&self, url: &str, pid: i32, timeout: Duration) -> Result<(), &'static str> {
+    /// Poll `url` until it answers 2xx, the process `pid` exits, or the deadline passes. With
+    /// `phases`, each `{"phase": …}` the answers carry (the harness's bring-up) is reported.
+    async fn wait_ready(
+        &self,
+        url: &str,
+        pid: i32,
+        timeout: Duration,
+        phases: Option<&SandboxSpec>,
+    ) -> Result<(), &'static str> {
         let deadline = Instant::now() + timeout;
+        let mut last_phase = None;
         loop {
             if let Ok(r) = self.http.get(url).timeout(Duration::from_secs(2)).send().await {
-                if r.status().is_success() {
+                let ok = r.status().is_success();
+                if let Some(spec) = phases {
+                    let body: serde_json::Value = r.json().await.unwrap_or_default();
+                    let phase = body
+                        .get("phase")
+                        .and_then(|p| p.as_str())
+                        .and_then(super::harness_phase);
+                    if let Some(p) = phase.filter(|p| last_phase != Some(*p)) {
+                        spec.phase(p);
+                        last_phase = Some(p);
+                    }
+                }
+                if ok {
                     return Ok(());
                 }
             }
@@ -341,7 +361,7 @@ impl LocalBackend {
         record_pids(dir, pids);
         let admin_url = format!("http://127.0.0.1:{admin_port}");
         if let Err(why) = self
-            .wait_ready(&format!("{admin_url}/readyz"), sidecar_pid, SIDECAR_READY_TIMEOUT)
+            .wait_ready(&format!("{admin_url}/readyz"), sidecar_pid, SIDECAR_READY_TIMEOUT, None)
             .await
         {
             return Err(failed(format!(
@@ -375,7 +395,12 @@ impl LocalBackend {
         record_pids(dir, pids);
         let harness_url = format!("http://127.0.0.1:{harness_port}");
         match self
-            .wait_ready(&format!("{harness_url}/healthz"), harness_pid, HARNESS_READY_TIMEOUT)
+            .wait_ready(
+                &format!("{harness_url}/healthz"),
+                harness_pid,
+                HARNESS_READY_TIMEOUT,
+                Some(spec),
+            )
             .await
         {
             Ok(()) => {}

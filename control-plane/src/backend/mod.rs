@@ -27,7 +27,8 @@ pub struct SandboxSpec {
     pub secrets: Vec<SecretSpec>,
     /// The per-session token the harness requires as Bearer.
     pub harness_token: String,
-    /// Bring-up progress (`starting-vault`, `starting-harness`), shown as the session's phase.
+    /// Bring-up progress (`starting-vault`, `starting-harness`, then the harness's own
+    /// [`HARNESS_PHASES`]), shown as the session's phase.
     pub phases: Option<tokio::sync::mpsc::UnboundedSender<&'static str>>,
 }
 
@@ -43,6 +44,14 @@ impl SandboxSpec {
     pub fn stub_env(&self) -> BTreeMap<String, String> {
         self.secrets.iter().map(|s| (s.name.clone(), s.stub.clone())).collect()
     }
+}
+
+/// The bring-up phases a harness reports on `/healthz` (`{"phase": …}`), in order.
+pub const HARNESS_PHASES: [&str; 3] = ["cloning_repo", "installing_deps", "harness_listening"];
+
+/// A phase a harness reported, if it is one of [`HARNESS_PHASES`].
+pub fn harness_phase(reported: &str) -> Option<&'static str> {
+    HARNESS_PHASES.into_iter().find(|p| *p == reported)
 }
 
 /// How to reach and stop a running sandbox. Stored encrypted with the session.

@@ -18,7 +18,9 @@ pub enum AgentKind {
     ClaudeCode,
     Codex,
     Opencode,
-    /// The Claude Agent SDK drives the same `claude` CLI.
+    /// The Claude Agent SDK (npm `@anthropic-ai/claude-agent-sdk`) through `lap-agent-sdk`, a
+    /// small runner shipped with its image (`harness-images/claude-agent-sdk/`) that prints the
+    /// SDK's messages as claude's stream-json. Message API only: no terminal UI.
     ClaudeAgentSdk,
 }
 
@@ -51,7 +53,8 @@ impl AgentKind {
     /// The CLI binary name.
     pub fn binary(self) -> &'static str {
         match self {
-            Self::ClaudeCode | Self::ClaudeAgentSdk => "claude",
+            Self::ClaudeCode => "claude",
+            Self::ClaudeAgentSdk => "lap-agent-sdk",
             Self::Codex => "codex",
             Self::Opencode => "opencode",
         }
@@ -60,7 +63,8 @@ impl AgentKind {
     /// The npm package that provides the CLI.
     pub fn npm_package(self) -> &'static str {
         match self {
-            Self::ClaudeCode | Self::ClaudeAgentSdk => "@anthropic-ai/claude-code",
+            Self::ClaudeCode => "@anthropic-ai/claude-code",
+            Self::ClaudeAgentSdk => "@anthropic-ai/claude-agent-sdk",
             Self::Codex => "@openai/codex",
             Self::Opencode => "opencode-ai",
         }
@@ -77,7 +81,9 @@ impl AgentKind {
         let mut a: Vec<String> = Vec::new();
         match self {
             Self::ClaudeCode | Self::ClaudeAgentSdk => {
-                a.extend(["-p", "--output-format", "stream-json", "--verbose"].map(String::from));
+                if self == Self::ClaudeCode {
+                    a.extend(["-p", "--output-format", "stream-json", "--verbose"].map(String::from));
+                }
                 if let Some(id) = conversation {
                     a.extend(["--resume".to_owned(), id.to_owned()]);
                 }
@@ -121,6 +127,29 @@ impl AgentKind {
             }
         }
         a
+    }
+
+    /// Arguments for the interactive TUI the terminal runs; `None` when the harness has none
+    /// (claude-agent-sdk is driven through its message API only).
+    pub fn tui_args(self, model: Option<&str>, prompt: Option<&str>) -> Option<Vec<String>> {
+        let mut a: Vec<String> = Vec::new();
+        match self {
+            Self::ClaudeAgentSdk => return None,
+            Self::ClaudeCode => {
+                if let Some(m) = model {
+                    a.extend(["--model".to_owned(), m.to_owned()]);
+                }
+                if let Some(p) = prompt {
+                    a.extend(["--append-system-prompt".to_owned(), p.to_owned()]);
+                }
+            }
+            Self::Codex | Self::Opencode => {
+                if let Some(m) = model {
+                    a.extend(["-m".to_owned(), m.to_owned()]);
+                }
+            }
+        }
+        Some(a)
     }
 
     /// Read a finished run's stdout: the reply text and the conversation id to resume.
@@ -407,8 +436,22 @@ mod tests {
     }
 
     #[test]
+    fn tui_args() {
+        assert_eq!(AgentKind::ClaudeCode.tui_args(None, None), Some(vec![]));
+        assert_eq!(
+            AgentKind::ClaudeCode.tui_args(Some("m"), Some("p")).unwrap(),
+            ["--model", "m", "--append-system-prompt", "p"]
+        );
+        assert_eq!(AgentKind::Codex.tui_args(Some("m"), Some("p")).unwrap(), ["-m", "m"]);
+        assert_eq!(AgentKind::ClaudeAgentSdk.tui_args(None, None), None);
+    }
+
+    #[test]
     fn kinds() {
-        assert_eq!(AgentKind::parse("claude-agent-sdk").unwrap().binary(), "claude");
+        let sdk = AgentKind::parse("claude-agent-sdk").unwrap();
+        assert_eq!(sdk.binary(), "lap-agent-sdk");
+        assert_eq!(sdk.npm_package(), "@anthropic-ai/claude-agent-sdk");
+        assert_eq!(sdk.args("hi", Some("s"), None, None), ["--resume", "s", "--", "hi"]);
         assert_eq!(AgentKind::parse("codex").unwrap().npm_package(), "@openai/codex");
         assert!(AgentKind::parse("vim").is_none());
     }

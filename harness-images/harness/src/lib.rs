@@ -1,6 +1,9 @@
-//! LAP harness (SPEC §4): runs an agent CLI non-interactively behind a small authenticated
-//! HTTP server. [`agent`] drives the CLIs (pure argument building and output parsing);
-//! [`server`] is the HTTP surface.
+//! LAP harness (SPEC §4): runs an agent CLI behind a small authenticated HTTP server, both
+//! non-interactively (messages) and as its TUI in a shared terminal. [`agent`] drives the CLIs
+//! (pure argument building and output parsing); [`tty`] is the terminal; [`server`] is the
+//! HTTP surface.
 
 pub mod agent;
+pub mod bringup;
 pub mod server;
+pub mod tty;

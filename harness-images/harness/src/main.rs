@@ -1,16 +1,21 @@
-//! `lap-harness`: check the agent CLI is there, prepare it, then serve on `PORT`.
+//! `lap-harness`: check the agent CLI is there, listen on `PORT`, bring the sandbox up (clone,
+//! requirements, CLI auth; `/healthz` reports each phase), then serve.
 //!
 //! Environment: `PORT`, `HARNESS_AUTH_TOKEN` (required), `LAP_HARNESS_ID` (claude-code, codex,
 //! opencode, claude-agent-sdk; default claude-code), `LAP_MODEL`, `AGENT_PROMPT`, `REPO_URL`,
-//! `BRANCH`, `LAP_HARNESS_HOST` (bind address, default 127.0.0.1). A start-up failure prints
-//! `lap-harness: fatal: <reason>` and exits 3; the control
-//! plane shows that reason as the session's `failure_reason`.
+//! `BRANCH`, `GIT_TOKEN` (for the clone only: removed from the environment before anything else
+//! runs), `AGENT_REQUIREMENTS` (a shell command run in the workspace after the clone),
+//! `LAP_HARNESS_HOST` (bind address, default 127.0.0.1). A start-up failure prints
+//! `lap-harness: fatal: <reason>` and exits 3; the control plane shows that reason as the
+//! session's `failure_reason`.
 
 use std::process::ExitCode;
 use std::sync::Arc;
 
 use lap_harness::agent::{self, AgentKind};
+use lap_harness::bringup::{self, Phase};
 use lap_harness::server;
+use lap_harness::tty::{Terminal, TtyCommand};
 
 fn fatal(msg: impl std::fmt::Display) -> ExitCode {
     eprintln!("lap-harness: fatal: {msg}");
@@ -21,8 +26,19 @@ fn env(key: &str) -> Option<String> {
     std::env::var(key).ok().filter(|v| !v.is_empty())
 }
 
-#[tokio::main]
-async fn main() -> ExitCode {
+fn main() -> ExitCode {
+    // GIT_TOKEN is for the clone only: take it out of the environment before any thread starts,
+    // so neither the agent nor its terminal ever inherit it.
+    let git_token = env("GIT_TOKEN");
+    std::env::remove_var("GIT_TOKEN");
+    let runtime = match tokio::runtime::Runtime::new() {
+        Ok(r) => r,
+        Err(e) => return fatal(format!("cannot start the async runtime: {e}")),
+    };
+    runtime.block_on(run(git_token))
+}
+
+async fn run(git_token: Option<String>) -> ExitCode {
     let filter = env("LAP_LOG")
         .or_else(|| env("RUST_LOG"))
         .unwrap_or_else(|| "info".into());
@@ -46,6 +62,13 @@ async fn main() -> ExitCode {
         Some(Err(_)) => return fatal("PORT is not a port number"),
     };
     let Some(bin) = agent::which(kind.binary()) else {
+        if kind == AgentKind::ClaudeAgentSdk {
+            return fatal(
+                "the `lap-agent-sdk` runner for harness claude-agent-sdk is not installed where the harness \
+                 runs; use the harness-images/claude-agent-sdk image (npm install -g \
+                 @anthropic-ai/claude-agent-sdk, and lap-agent-sdk.mjs on PATH as lap-agent-sdk)",
+            );
+        }
         return fatal(format!(
             "the `{}` CLI for harness {harness_id} is not installed where the harness runs; \
              install it with `npm install -g {}` and create a new session",
@@ -53,84 +76,126 @@ async fn main() -> ExitCode {
             kind.npm_package()
         ));
     };
+    let workspace = match std::env::current_dir() {
+        Ok(d) => d,
+        Err(e) => return fatal(format!("cannot read the working directory: {e}")),
+    };
+    let (model, prompt) = (env("LAP_MODEL"), env("AGENT_PROMPT"));
+    let terminal = kind.tui_args(model.as_deref(), prompt.as_deref()).map(|args| {
+        Terminal::new(
+            TtyCommand {
+                program: bin.clone(),
+                args,
+                env: vec![
+                    ("TERM".into(), "xterm-256color".into()),
+                    ("COLORTERM".into(), "truecolor".into()),
+                    ("DISABLE_AUTOUPDATER".into(), "1".into()),
+                    ("CLAUDE_CODE_DISABLE_NONESSENTIAL_TRAFFIC".into(), "1".into()),
+                ],
+                env_remove: vec!["HARNESS_AUTH_TOKEN".into(), "PORT".into()],
+            },
+            workspace.clone(),
+        )
+    });
 
-    if let Some(url) = env("REPO_URL") {
-        if let Err(e) = clone_repo(&url, env("BRANCH").as_deref()).await {
-            return fatal(e);
-        }
-    }
-    if kind == AgentKind::Codex {
-        if let Some(key) = env("OPENAI_API_KEY") {
-            if let Err(e) = codex_login(&bin, &key).await {
-                return fatal(e);
-            }
-        }
-    }
-
+    let first_phase = if env("REPO_URL").is_some() {
+        Phase::CloningRepo
+    } else {
+        Phase::InstallingDeps
+    };
     let h = Arc::new(server::Harness {
         kind,
         harness_id,
-        bin,
+        bin: bin.clone(),
         token,
-        model: env("LAP_MODEL"),
-        prompt: env("AGENT_PROMPT"),
+        model,
+        prompt,
         conversation: tokio::sync::Mutex::new(None),
+        terminal,
+        phase: std::sync::RwLock::new(first_phase),
+        events: tokio::sync::broadcast::channel(1024).0,
     });
+    // Listen first, so the control plane can follow the bring-up phases on /healthz.
     // Loopback for the local backend; LAP_HARNESS_HOST=0.0.0.0 in a container.
     let host = env("LAP_HARNESS_HOST").unwrap_or_else(|| "127.0.0.1".into());
     let listener = match tokio::net::TcpListener::bind((host.as_str(), port)).await {
         Ok(l) => l,
         Err(e) => return fatal(format!("cannot listen on port {port}: {e}")),
     };
+    let serve_h = Arc::clone(&h);
+    let stop_h = Arc::clone(&h);
+    let mut server = tokio::spawn(async move {
+        axum::serve(listener, server::router(serve_h))
+            .with_graceful_shutdown(async move {
+                shutdown_signal().await;
+                // Viewers' WebSockets end when the agent does.
+                if let Some(t) = &stop_h.terminal {
+                    t.shutdown();
+                }
+            })
+            .await
+    });
+
+    let bring_up = async {
+        if let Some(url) = env("REPO_URL") {
+            h.set_phase(Phase::CloningRepo);
+            bringup::clone_repo(&url, env("BRANCH").as_deref(), git_token.as_deref(), &workspace).await?;
+        }
+        drop(git_token);
+        h.set_phase(Phase::InstallingDeps);
+        if let Some(cmd) = env("AGENT_REQUIREMENTS") {
+            bringup::install_requirements(&cmd, &workspace).await?;
+        }
+        match kind {
+            AgentKind::Codex => {
+                if let Some(key) = env("OPENAI_API_KEY") {
+                    bringup::codex_login(&bin, &key).await?;
+                }
+            }
+            AgentKind::ClaudeCode | AgentKind::ClaudeAgentSdk => {
+                if let Some(home) = env("HOME") {
+                    bringup::prepare_claude(
+                        std::path::Path::new(&home),
+                        env("ANTHROPIC_API_KEY").as_deref(),
+                        &workspace,
+                    )?;
+                }
+            }
+            AgentKind::Opencode => {}
+        }
+        Ok::<(), bringup::BringUpError>(())
+    };
+    tokio::select! {
+        r = bring_up => if let Err(e) = r {
+            return fatal(e);
+        },
+        r = &mut server => return fatal(format!("the server stopped during bring-up: {r:?}")),
+    }
+    h.set_phase(Phase::HarnessListening);
     tracing::info!(port, "lap-harness listening");
-    if let Err(e) = axum::serve(listener, server::router(h)).await {
-        return fatal(e);
+    let result = server.await;
+    if let Some(t) = &h.terminal {
+        t.shutdown();
     }
-    ExitCode::SUCCESS
-}
-
-/// `git clone` (through the sidecar, with the stub credentials in the environment).
-async fn clone_repo(url: &str, branch: Option<&str>) -> Result<(), String> {
-    let mut cmd = tokio::process::Command::new("git");
-    cmd.args(["clone", "--depth", "1"]);
-    if let Some(b) = branch {
-        cmd.args(["--branch", b]);
-    }
-    cmd.args([url, "."]);
-    let out = cmd.output().await.map_err(|e| format!("cannot run git: {e}"))?;
-    if out.status.success() {
-        Ok(())
-    } else {
-        Err(format!(
-            "git clone {url} failed: {}",
-            String::from_utf8_lossy(&out.stderr).trim()
-        ))
+    match result {
+        Ok(Ok(())) => ExitCode::SUCCESS,
+        Ok(Err(e)) => fatal(e),
+        Err(e) => fatal(e),
     }
 }
 
-/// `codex login --with-api-key`, reading the (stub) key from stdin.
-async fn codex_login(bin: &std::path::Path, key: &str) -> Result<(), String> {
-    use tokio::io::AsyncWriteExt;
-    let mut child = tokio::process::Command::new(bin)
-        .args(["login", "--with-api-key"])
-        .stdin(std::process::Stdio::piped())
-        .stdout(std::process::Stdio::null())
-        .stderr(std::process::Stdio::piped())
-        .spawn()
-        .map_err(|e| format!("cannot run codex login: {e}"))?;
-    if let Some(mut stdin) = child.stdin.take() {
-        let _ = stdin.write_all(format!("{key}\n").as_bytes()).await;
-    }
-    let out = child
-        .wait_with_output()
-        .await
-        .map_err(|e| format!("codex login: {e}"))?;
-    if out.status.success() {
-        Ok(())
-    } else {
-        Err(format!(
-            "codex login failed: {}",
-            String::from_utf8_lossy(&out.stderr).trim()
-        ))
+/// SIGTERM or Ctrl-C.
+async fn shutdown_signal() {
+    let term = async {
+        match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()) {
+            Ok(mut s) => {
+                s.recv().await;
+            }
+            Err(_) => std::future::pending::<()>().await,
+        }
+    };
+    tokio::select! {
+        _ = term => {},
+        _ = tokio::signal::ctrl_c() => {},
     }
 }

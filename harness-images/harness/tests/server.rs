@@ -210,3 +210,68 @@ fn a_failed_clone_is_a_fatal_reason() {
         "{err}"
     );
 }
+
+/// `GET /events`: every message's agent events (the CLI's own JSON lines), whoever sent it;
+/// bring-up phases on `/healthz` before that.
+#[tokio::test]
+async fn events_carry_every_messages_agent_events() {
+    let dir = tempfile::tempdir().unwrap();
+    let port = std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port();
+    let _child = tokio::process::Command::new(env!("CARGO_BIN_EXE_lap-harness"))
+        .env_clear()
+        .env("PATH", path_with(dir.path(), Some(FAKE_CLAUDE)))
+        .env("PORT", port.to_string())
+        .env("HARNESS_AUTH_TOKEN", "tok")
+        .current_dir(dir.path())
+        .stdout(Stdio::null())
+        .kill_on_drop(true)
+        .spawn()
+        .unwrap();
+    let http = reqwest::Client::builder().no_proxy().build().unwrap();
+    let url = format!("http://127.0.0.1:{port}");
+    let deadline = Instant::now() + Duration::from_secs(20);
+    loop {
+        if let Ok(r) = http.get(format!("{url}/healthz")).send().await {
+            let ok = r.status().is_success();
+            let v: serde_json::Value = r.json().await.unwrap();
+            if ok {
+                assert_eq!(v["phase"], "harness_listening", "{v}");
+                break;
+            }
+            assert_eq!(v["status"], "starting", "{v}");
+        }
+        assert!(Instant::now() < deadline, "harness did not start");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    let r = http.get(format!("{url}/events")).send().await.unwrap();
+    assert_eq!(r.status(), 401);
+    let events = http
+        .get(format!("{url}/events"))
+        .bearer_auth("tok")
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(events.status(), 200);
+    let r = http
+        .post(format!("{url}/message"))
+        .bearer_auth("tok")
+        .json(&serde_json::json!({"text": "watched"}))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), 200);
+    use futures_util::StreamExt;
+    let mut body = events.bytes_stream();
+    let mut text = String::new();
+    while !text.contains("got:watched") {
+        match tokio::time::timeout(Duration::from_secs(10), body.next()).await {
+            Ok(Some(Ok(chunk))) => text.push_str(&String::from_utf8_lossy(&chunk)),
+            other => panic!("events ended: {other:?}; read: {text}"),
+        }
+    }
+    assert!(text.contains("event: agent\ndata: {\"type\":\"system\""), "{text}");
+}

@@ -1,0 +1,171 @@
+//! The control plane's REST API (SPEC §3.2) as `lap` uses it: agents, sessions, messages,
+//! secrets. Errors carry the server's own `{"error": …}` message.
+
+use serde_json::{json, Value};
+
+use crate::config::Creds;
+
+const BASE: &str = "/api/v1/managed_agents";
+
+/// A failed call.
+#[derive(Debug, thiserror::Error)]
+pub(crate) enum ClientError {
+    #[error("cannot reach the LAP server at {url}: {source}")]
+    Unreachable {
+        url: String,
+        #[source]
+        source: reqwest::Error,
+    },
+    #[error("{status}: {message}")]
+    Api { status: u16, message: String },
+    #[error("the server sent an unreadable answer: {0}")]
+    Decode(String),
+    #[error("{0}")]
+    NotFound(String),
+}
+
+/// A REST client for one server.
+#[derive(Debug, Clone)]
+pub(crate) struct Client {
+    creds: Creds,
+    http: reqwest::Client,
+}
+
+impl Client {
+    pub(crate) fn new(creds: Creds) -> Result<Self, ClientError> {
+        let http = reqwest::Client::builder()
+            .no_proxy()
+            .build()
+            .map_err(|source| ClientError::Unreachable {
+                url: creds.url.clone(),
+                source,
+            })?;
+        Ok(Self { creds, http })
+    }
+
+    pub(crate) fn creds(&self) -> &Creds {
+        &self.creds
+    }
+
+    fn request(&self, method: reqwest::Method, path: &str) -> reqwest::RequestBuilder {
+        self.http
+            .request(method, format!("{}{path}", self.creds.url))
+            .bearer_auth(&self.creds.key)
+    }
+
+    async fn send(&self, req: reqwest::RequestBuilder) -> Result<reqwest::Response, ClientError> {
+        let r = req.send().await.map_err(|source| ClientError::Unreachable {
+            url: self.creds.url.clone(),
+            source,
+        })?;
+        if r.status().is_success() {
+            return Ok(r);
+        }
+        let status = r.status().as_u16();
+        let text = r.text().await.unwrap_or_default();
+        let message = serde_json::from_str::<Value>(&text)
+            .ok()
+            .and_then(|v| v.get("error").and_then(|e| e.as_str()).map(str::to_owned))
+            .unwrap_or(text);
+        Err(ClientError::Api { status, message })
+    }
+
+    async fn json(&self, req: reqwest::RequestBuilder) -> Result<Value, ClientError> {
+        self.send(req)
+            .await?
+            .json()
+            .await
+            .map_err(|e| ClientError::Decode(e.to_string()))
+    }
+
+    /// Every item of a paginated list.
+    async fn all(&self, path: &str) -> Result<Vec<Value>, ClientError> {
+        let mut out = Vec::new();
+        loop {
+            let sep = if path.contains('?') { '&' } else { '?' };
+            let page = self
+                .json(self.request(
+                    reqwest::Method::GET,
+                    &format!("{path}{sep}limit=200&offset={}", out.len()),
+                ))
+                .await?;
+            let data = page["data"].as_array().cloned().unwrap_or_default();
+            let total = page["total"].as_u64().unwrap_or(0);
+            let done = data.is_empty();
+            out.extend(data);
+            if done || out.len() as u64 >= total {
+                return Ok(out);
+            }
+        }
+    }
+
+    /// Check the key works (`lap login`).
+    pub(crate) async fn check(&self) -> Result<(), ClientError> {
+        self.json(self.request(reqwest::Method::GET, &format!("{BASE}/agents?limit=1")))
+            .await
+            .map(drop)
+    }
+
+    pub(crate) async fn agents(&self) -> Result<Vec<Value>, ClientError> {
+        self.all(&format!("{BASE}/agents")).await
+    }
+
+    /// The agent named (or with the id) `name`.
+    pub(crate) async fn agent(&self, name: &str) -> Result<Value, ClientError> {
+        self.agents()
+            .await?
+            .into_iter()
+            .find(|a| a["name"] == name || a["id"] == name)
+            .ok_or_else(|| ClientError::NotFound(format!("no agent named `{name}`: `lap agents` lists them")))
+    }
+
+    pub(crate) async fn sessions(&self, agent_id: Option<&str>) -> Result<Vec<Value>, ClientError> {
+        match agent_id {
+            Some(a) => self.all(&format!("{BASE}/sessions?agent_id={a}")).await,
+            None => self.all(&format!("{BASE}/sessions")).await,
+        }
+    }
+
+    pub(crate) async fn session(&self, id: &str) -> Result<Value, ClientError> {
+        self.json(self.request(reqwest::Method::GET, &format!("{BASE}/sessions/{id}")))
+            .await
+    }
+
+    /// `GET /sessions/{id}/events`: the SSE response (session state changes, agent events).
+    pub(crate) async fn events(&self, id: &str) -> Result<reqwest::Response, ClientError> {
+        self.send(self.request(reqwest::Method::GET, &format!("{BASE}/sessions/{id}/events")))
+            .await
+    }
+
+    pub(crate) async fn create_session(&self, agent_id: &str, body: Value) -> Result<Value, ClientError> {
+        self.json(
+            self.request(reqwest::Method::POST, &format!("{BASE}/agents/{agent_id}/session"))
+                .json(&body),
+        )
+        .await
+    }
+
+    /// `POST /sessions/{id}/message_stream`: the SSE response.
+    pub(crate) async fn message_stream(&self, id: &str, text: &str) -> Result<reqwest::Response, ClientError> {
+        self.send(
+            self.request(reqwest::Method::POST, &format!("{BASE}/sessions/{id}/message_stream"))
+                .json(&json!({ "text": text })),
+        )
+        .await
+    }
+
+    /// `PUT /api/v1/secrets/{name}` (creates or rotates).
+    pub(crate) async fn put_secret(
+        &self,
+        name: &str,
+        value: &str,
+        hosts: &[String],
+        locations: &[String],
+    ) -> Result<Value, ClientError> {
+        self.json(
+            self.request(reqwest::Method::PUT, &format!("/api/v1/secrets/{name}"))
+                .json(&json!({ "value": value, "hosts": hosts, "locations": locations })),
+        )
+        .await
+    }
+}

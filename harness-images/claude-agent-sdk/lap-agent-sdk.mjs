@@ -1,0 +1,59 @@
+#!/usr/bin/env node
+// lap-agent-sdk: one message through the Claude Agent SDK (@anthropic-ai/claude-agent-sdk),
+// for lap-harness's claude-agent-sdk harness. Prints every SDK message as one JSON line: the
+// same shapes as `claude -p --output-format stream-json` (system, assistant, user, result, each
+// with session_id), so the harness reads both the same way.
+//
+//   lap-agent-sdk [--resume ID] [--model M] [--append-system-prompt P] -- TEXT
+//
+// The SDK is found as an ordinary import, else under LAP_NODE_MODULES, else under `npm root -g`.
+import { execFileSync } from "node:child_process";
+import path from "node:path";
+import { pathToFileURL } from "node:url";
+
+async function loadSdk() {
+  try {
+    return await import("@anthropic-ai/claude-agent-sdk");
+  } catch {
+    const root =
+      process.env.LAP_NODE_MODULES || execFileSync("npm", ["root", "-g"], { encoding: "utf8" }).trim();
+    return await import(pathToFileURL(path.join(root, "@anthropic-ai", "claude-agent-sdk", "sdk.mjs")).href);
+  }
+}
+
+function parseArgs(argv) {
+  const opts = {};
+  let text;
+  for (let i = 0; i < argv.length; i++) {
+    const a = argv[i];
+    if (a === "--") {
+      text = argv.slice(i + 1).join(" ");
+      break;
+    } else if (a === "--resume") opts.resume = argv[++i];
+    else if (a === "--model") opts.model = argv[++i];
+    else if (a === "--append-system-prompt") opts.append = argv[++i];
+    else throw new Error(`unknown argument ${a}`);
+  }
+  if (text === undefined) throw new Error("usage: lap-agent-sdk [--resume ID] [--model M] [--append-system-prompt P] -- TEXT");
+  return { opts, text };
+}
+
+async function main() {
+  const { opts, text } = parseArgs(process.argv.slice(2));
+  const { query } = await loadSdk();
+  const options = {
+    cwd: process.cwd(),
+    systemPrompt: { type: "preset", preset: "claude_code", ...(opts.append ? { append: opts.append } : {}) },
+    settingSources: ["user", "project"],
+  };
+  if (opts.resume) options.resume = opts.resume;
+  if (opts.model) options.model = opts.model;
+  for await (const message of query({ prompt: text, options })) {
+    process.stdout.write(JSON.stringify(message) + "\n");
+  }
+}
+
+main().catch((e) => {
+  process.stderr.write(`lap-agent-sdk: ${e && e.message ? e.message : e}\n`);
+  process.exit(1);
+});
