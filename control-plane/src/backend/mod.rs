@@ -2,9 +2,10 @@
 //!
 //! [`SandboxSpec`] is everything a sandbox needs (the sidecar's secrets with their real values,
 //! the harness's non-secret settings); [`SandboxHandle`] is what the control plane keeps to reach
-//! and stop it. Start reading at [`local`].
+//! and stop it. Start reading at [`local`]; [`sandbox`] is the pure shape of a Kubernetes pod.
 
 pub mod local;
+pub mod sandbox;
 
 use std::collections::BTreeMap;
 
