@@ -340,8 +340,9 @@ pub fn harness_env(spec: &SandboxSpec, secret: &str, harness_port: u16) -> Vec<E
 /// The iptables rules of the netfilter init container (run by `/bin/sh -c`): in the pod's
 /// network namespace, every outbound TCP connection of any user but the vault's goes to the
 /// vault's transparent port, except loopback (the explicit proxy is on loopback); DNS (UDP 53) is
-/// allowed so clients can resolve names; every other non-loopback packet of those users is
-/// rejected. IPv6: the same users may only use loopback.
+/// allowed so clients can resolve names, and replies on connections made to the pod (probes, the
+/// control plane) pass; every other non-loopback packet of those users is rejected. IPv6: the
+/// same users may only use loopback and answer inbound connections.
 pub fn netfilter_script() -> String {
     let (uid, port) = (VAULT_UID, VAULT_TRANSPARENT_PORT);
     [
@@ -353,11 +354,17 @@ pub fn netfilter_script() -> String {
         format!("iptables -t nat -A LAP_OUTPUT -p tcp -j REDIRECT --to-ports {port}"),
         format!("iptables -A OUTPUT -m owner --uid-owner {uid} -j ACCEPT"),
         "iptables -A OUTPUT -o lo -j ACCEPT".to_owned(),
+        // What the nat rule redirected: filter sees the new destination but still the original
+        // output device, so `-o lo` does not match it.
+        "iptables -A OUTPUT -d 127.0.0.0/8 -j ACCEPT".to_owned(),
+        // Replies on connections made *to* the pod (probes, the control plane → harness).
+        "iptables -A OUTPUT -m conntrack --ctstate ESTABLISHED,RELATED -j ACCEPT".to_owned(),
         "iptables -A OUTPUT -p udp --dport 53 -j ACCEPT".to_owned(),
         "iptables -A OUTPUT -j REJECT".to_owned(),
         "if [ -e /proc/net/if_inet6 ]; then".to_owned(),
         format!("  ip6tables -A OUTPUT -m owner --uid-owner {uid} -j ACCEPT"),
         "  ip6tables -A OUTPUT -o lo -j ACCEPT".to_owned(),
+        "  ip6tables -A OUTPUT -m conntrack --ctstate ESTABLISHED,RELATED -j ACCEPT".to_owned(),
         "  ip6tables -A OUTPUT -j REJECT".to_owned(),
         "fi".to_owned(),
     ]
@@ -995,6 +1002,10 @@ mod tests {
         assert!(script.contains("--uid-owner 1337 -j RETURN"));
         assert!(script.contains("REDIRECT --to-ports 14324"));
         assert!(script.contains("iptables -A OUTPUT -j REJECT"));
+        assert!(script.contains("iptables -A OUTPUT -d 127.0.0.0/8 -j ACCEPT"));
+        // Inbound connections (probes, the control plane) still get their replies.
+        let established = script.find("--ctstate ESTABLISHED,RELATED -j ACCEPT").unwrap();
+        assert!(established < script.find("iptables -A OUTPUT -j REJECT").unwrap());
         // The RETURN for the vault comes before the REDIRECT.
         assert!(script.find("-j RETURN").unwrap() < script.find("REDIRECT").unwrap());
         let mut st = settings();
