@@ -482,10 +482,8 @@ impl FakeKube {
             let mut last = from;
             for c in backlog {
                 last = last.max(c.rv);
-                if want(&c) {
-                    if tx.send(line(&c)).is_err() || cut {
-                        return;
-                    }
+                if want(&c) && (tx.send(line(&c)).is_err() || cut) {
+                    return;
                 }
             }
             loop {
