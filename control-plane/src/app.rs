@@ -30,6 +30,16 @@ pub struct AppConfig {
     pub create_timeout: Duration,
 }
 
+/// How long a replica's claim on a reconcile pass lasts (it is released when the pass ends;
+/// this only bounds how long a replica that died mid-pass blocks the others).
+const RECONCILER_LEASE_MS: i64 = 60_000;
+/// How long a bring-up's claim on its session lasts without renewal (renewed every third of it).
+const BRINGUP_LEASE_MS: i64 = 30_000;
+
+fn bringup_lease(session_id: &str) -> String {
+    format!("bringup:{session_id}")
+}
+
 /// Shared state of the server.
 pub struct App {
     pub store: Store,
@@ -39,6 +49,8 @@ pub struct App {
     pub metrics: Metrics,
     /// Sessions whose bring-up runs in this process.
     in_flight: Mutex<HashSet<String>>,
+    /// This process's identity in the `leases` table (random per start).
+    replica: String,
     events: broadcast::Sender<SessionView>,
     http: reqwest::Client,
 }
@@ -106,6 +118,7 @@ impl App {
             config,
             metrics: Metrics::default(),
             in_flight: Mutex::new(HashSet::new()),
+            replica: new_id("rep"),
             events: broadcast::channel(256).0,
             http,
         })
@@ -453,6 +466,11 @@ impl App {
             stopped_at: None,
             idle_timeout_ms: i64::try_from(self.config.idle_timeout.as_millis()).unwrap_or(i64::MAX),
         };
+        // Claimed before the row exists, so no other replica's reconciler ever sees this session
+        // `creating` without a live bring-up (the claim is renewed while it runs).
+        self.store
+            .try_lease(&bringup_lease(&session.id), &self.replica, now, BRINGUP_LEASE_MS)
+            .await?;
         self.store.insert_session(&session).await?;
         self.metrics.sessions_created.inc();
         let spec = SandboxSpec {
@@ -488,7 +506,21 @@ impl App {
 
     async fn bring_up(self: Arc<Self>, spec: SandboxSpec, initial_prompt: Option<String>) {
         let id = spec.session_id.clone();
+        let lease = bringup_lease(&id);
+        let renew = {
+            let (store, replica, lease) = (self.store.clone(), self.replica.clone(), lease.clone());
+            tokio::spawn(async move {
+                let period = Duration::from_millis(u64::try_from(BRINGUP_LEASE_MS / 3).unwrap_or(10_000));
+                loop {
+                    tokio::time::sleep(period).await;
+                    if let Err(e) = store.try_lease(&lease, &replica, now_ms(), BRINGUP_LEASE_MS).await {
+                        tracing::warn!(lease = %lease, error = %e, "renewing the bring-up lease failed");
+                    }
+                }
+            })
+        };
         let result = tokio::time::timeout(self.config.create_timeout, self.backend.create(spec)).await;
+        renew.abort();
         let outcome = match result {
             Ok(Ok(handle)) => match self.cipher.seal_json(&handle) {
                 Ok(enc) => match self
@@ -528,6 +560,7 @@ impl App {
         if let Ok(mut f) = self.in_flight.lock() {
             f.remove(&id);
         }
+        let _ = self.store.release_lease(&lease, &self.replica).await;
         self.emit(&id).await;
         if let (Ok(Some(_)), Some(text)) = (&outcome, initial_prompt) {
             if let Err(e) = self.send_message(&id, &text).await {
@@ -686,9 +719,30 @@ impl App {
 
     // ---- reconciler ----
 
-    /// One reconcile pass over `creating` and `ready` sessions, then an orphan sweep. Every
-    /// change is a compare-and-set on the row, so concurrent replicas never act twice.
-    pub async fn reconcile_once(&self) -> Result<(), ApiError> {
+    /// This process's replica id (its name in the `leases` table).
+    pub fn replica(&self) -> &str {
+        &self.replica
+    }
+
+    /// One reconcile pass, unless another replica is in the middle of one (the `reconciler`
+    /// lease, held for the pass only); returns whether this replica ran it. Within the pass every
+    /// change is also a compare-and-set on the row, so even overlapping passes never act twice,
+    /// and a session another live replica is bringing up (its `bringup:` lease) is left alone.
+    pub async fn reconcile_once(&self) -> Result<bool, ApiError> {
+        if !self
+            .store
+            .try_lease("reconciler", &self.replica, now_ms(), RECONCILER_LEASE_MS)
+            .await?
+        {
+            return Ok(false);
+        }
+        let result = self.reconcile_pass().await;
+        let _ = self.store.release_lease("reconciler", &self.replica).await;
+        result.map(|()| true)
+    }
+
+    /// Over `creating` and `ready` sessions, then an orphan sweep.
+    async fn reconcile_pass(&self) -> Result<(), ApiError> {
         let now = now_ms();
         let create_ms = i64::try_from(self.config.create_timeout.as_millis()).unwrap_or(i64::MAX);
         let in_flight = self.in_flight.lock().map(|f| f.clone()).unwrap_or_default();
@@ -697,12 +751,19 @@ impl App {
             .sessions_with_status(&[Status::Creating, Status::Ready])
             .await?
         {
+            let in_flight = in_flight.contains(&s.id)
+                || (s.status == Status::Creating
+                    && self
+                        .store
+                        .lease_holder(&bringup_lease(&s.id), now)
+                        .await?
+                        .is_some_and(|h| h != self.replica));
             let handle = self.handle(&s);
             let liveness = match (&handle, s.status) {
                 (Some(h), Status::Ready) => Some(self.backend.liveness(h).await),
                 _ => None,
             };
-            match lifecycle::decide(&s, now, create_ms, in_flight.contains(&s.id), liveness) {
+            match lifecycle::decide(&s, now, create_ms, in_flight, liveness) {
                 Action::Nothing => {}
                 Action::Fail(reason) => {
                     if self
@@ -758,6 +819,7 @@ impl App {
         if removed > 0 {
             tracing::info!(removed, "removed orphaned sandboxes");
         }
+        self.store.prune_leases(now - 3_600_000).await?;
         Ok(())
     }
 

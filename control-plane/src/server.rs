@@ -6,11 +6,13 @@ use std::sync::Arc;
 use lap_vault_sidecar::config::{read_config, SidecarConfig};
 
 use crate::app::{App, AppConfig};
+use crate::backend::kubernetes::KubernetesBackend;
 use crate::backend::local::{LocalBackend, LocalConfig};
+use crate::backend::sandbox::PodSettings;
 use crate::backend::SandboxBackend;
 use crate::crypto::Cipher;
 use crate::keys;
-use crate::settings::{BackendKind, Settings};
+use crate::settings::{BackendKind, KubernetesSettings, Settings};
 use crate::store::{sqlite_url, Store};
 
 /// A configuration problem: `lap-server` exits 2 with it.
@@ -76,6 +78,41 @@ pub fn load_base_config(path: &Path) -> Result<SidecarConfig, StartError> {
     })
 }
 
+/// The Kubernetes backend's pod settings from `LAP_K8S_*` and `LAP_SIDECAR_BASE_CONFIG` (whose
+/// `upstream_ca_files` are read here, to ship in each session's Secret).
+pub fn pod_settings(k8s: &KubernetesSettings, base_config: Option<&Path>) -> Result<PodSettings, StartError> {
+    k8s.validate().map_err(|e| StartError::Config(e.to_string()))?;
+    let base = match base_config {
+        Some(p) => load_base_config(p)?,
+        None => SidecarConfig::default(),
+    };
+    let mut upstream_cas = Vec::new();
+    for f in &base.upstream_ca_files {
+        upstream_cas.push(std::fs::read(f).map_err(|e| {
+            StartError::Config(format!(
+                "LAP_SIDECAR_BASE_CONFIG upstream_ca_files: {}: {e}",
+                f.display()
+            ))
+        })?);
+    }
+    Ok(PodSettings {
+        namespace: k8s.namespace.clone(),
+        api_version: k8s.api_version,
+        vault_image: k8s.vault_image.clone(),
+        harness_image: k8s.harness_image.clone(),
+        harness_images: k8s
+            .harness_image_overrides()
+            .map_err(|e| StartError::Config(e.to_string()))?,
+        netfilter_image: k8s.netfilter_image.clone().unwrap_or_else(|| k8s.vault_image.clone()),
+        runtime_class: k8s.runtime_class.clone(),
+        transparent: k8s.transparent,
+        max_lifetime: k8s.max_lifetime,
+        harness_port: k8s.harness_port,
+        base,
+        upstream_cas,
+    })
+}
+
 /// Everything needed to serve, built from settings.
 #[derive(Debug)]
 pub struct Server {
@@ -109,9 +146,13 @@ pub async fn build(settings: &Settings) -> Result<Server, StartError> {
             })?)
         }
         BackendKind::Kubernetes => {
-            return Err(StartError::Config(
-                "LAP_BACKEND=kubernetes is not available in this build; use local".into(),
-            ))
+            let pod = pod_settings(&settings.k8s, settings.sidecar_base_config.as_deref())?;
+            let client = kube::Client::try_default().await.map_err(|e| {
+                StartError::Config(format!(
+                    "LAP_BACKEND=kubernetes: no cluster found (in-cluster service account or KUBECONFIG): {e}"
+                ))
+            })?;
+            Arc::new(KubernetesBackend::new(client, pod)?)
         }
     };
     let url = settings

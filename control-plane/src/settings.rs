@@ -6,12 +6,14 @@ use std::time::Duration;
 
 use clap::{Parser, ValueEnum};
 
+use crate::backend::sandbox::SandboxApiVersion;
+
 /// Which sandbox backend runs sessions.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
 pub enum BackendKind {
     /// A `vault-sidecar` and a `lap-harness` process per session on loopback.
     Local,
-    /// A `Sandbox` resource per session (not available in this build).
+    /// An agent-sandbox `Sandbox` resource per session (`LAP_K8S_*` settings).
     Kubernetes,
 }
 
@@ -61,6 +63,156 @@ pub struct Settings {
     /// The `lap-harness` binary (default: next to `lap-server`, then PATH).
     #[arg(long, env = "LAP_HARNESS_BIN")]
     pub harness_bin: Option<PathBuf>,
+    /// Kubernetes backend: the settings that shape each session's pod.
+    #[command(flatten)]
+    pub k8s: KubernetesSettings,
+}
+
+/// Settings of the Kubernetes backend (`LAP_BACKEND=kubernetes`). The cluster itself is found
+/// the usual way (in-cluster service account, else `KUBECONFIG` / `~/.kube/config`).
+#[derive(Debug, Clone, clap::Args)]
+pub struct KubernetesSettings {
+    /// Namespace the Sandboxes and their Secrets are created in.
+    #[arg(long = "k8s-namespace", env = "LAP_K8S_NAMESPACE", default_value = "lap-sandboxes")]
+    pub namespace: String,
+    /// agent-sandbox API version to write: v1beta1, or v1alpha1 for older controllers.
+    #[arg(
+        long = "k8s-sandbox-api-version",
+        env = "LAP_K8S_SANDBOX_API_VERSION",
+        value_enum,
+        default_value = "v1beta1"
+    )]
+    pub api_version: SandboxApiVersion,
+    /// The vault sidecar's image.
+    #[arg(
+        long = "k8s-vault-image",
+        env = "LAP_K8S_VAULT_IMAGE",
+        default_value = "lap/vault-sidecar:dev"
+    )]
+    pub vault_image: String,
+    /// The harness image; `{harness_id}` is replaced by the agent's harness id.
+    #[arg(
+        long = "k8s-harness-image",
+        env = "LAP_K8S_HARNESS_IMAGE",
+        default_value = "lap/harness-{harness_id}:dev"
+    )]
+    pub harness_image: String,
+    /// Per-harness image overrides: `claude-code=reg/img:tag,codex=reg/other:tag`.
+    #[arg(long = "k8s-harness-images", env = "LAP_K8S_HARNESS_IMAGES", default_value = "")]
+    pub harness_images: String,
+    /// Image of the init container that installs the iptables redirect (needs `iptables` and
+    /// `/bin/sh`); default: the vault image.
+    #[arg(long = "k8s-netfilter-image", env = "LAP_K8S_NETFILTER_IMAGE")]
+    pub netfilter_image: Option<String>,
+    /// `runtimeClassName` of the pods (e.g. gvisor, kata); default: the cluster's default runtime.
+    #[arg(long = "k8s-runtime-class", env = "LAP_K8S_RUNTIME_CLASS")]
+    pub runtime_class: Option<String>,
+    /// Redirect the harness's outbound TCP to the vault with iptables (true | false).
+    #[arg(long = "k8s-transparent", env = "LAP_K8S_TRANSPARENT", default_value = "true", action = clap::ArgAction::Set)]
+    pub transparent: bool,
+    /// A session's maximum lifetime: the Sandbox's `shutdownTime` is its creation plus this.
+    #[arg(long = "k8s-max-lifetime", env = "LAP_K8S_MAX_LIFETIME", default_value = "7d", value_parser = parse_duration)]
+    pub max_lifetime: Duration,
+    /// The port the harness serves on inside the pod.
+    #[arg(long = "k8s-harness-port", env = "LAP_K8S_HARNESS_PORT", default_value = "8080")]
+    pub harness_port: u16,
+}
+
+/// Why a Kubernetes setting was rejected; the message names the key.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("{key}: {reason}")]
+pub struct SettingError {
+    pub key: &'static str,
+    pub reason: String,
+}
+
+fn setting_error(key: &'static str, reason: impl Into<String>) -> SettingError {
+    SettingError {
+        key,
+        reason: reason.into(),
+    }
+}
+
+/// A DNS-1123 label (namespace names, runtime class names).
+fn is_dns_label(s: &str) -> bool {
+    !s.is_empty()
+        && s.len() <= 63
+        && s.bytes()
+            .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'-')
+        && !s.starts_with('-')
+        && !s.ends_with('-')
+}
+
+/// An image reference: non-empty, no whitespace.
+fn check_image(key: &'static str, image: &str) -> Result<(), SettingError> {
+    if image.trim().is_empty() || image.chars().any(char::is_whitespace) {
+        return Err(setting_error(key, format!("`{image}` is not an image reference")));
+    }
+    Ok(())
+}
+
+impl KubernetesSettings {
+    /// Check every value; the first problem names its key.
+    pub fn validate(&self) -> Result<(), SettingError> {
+        if !is_dns_label(&self.namespace) {
+            return Err(setting_error(
+                "LAP_K8S_NAMESPACE",
+                format!(
+                    "`{}` is not a namespace name (lowercase letters, digits, '-')",
+                    self.namespace
+                ),
+            ));
+        }
+        check_image("LAP_K8S_VAULT_IMAGE", &self.vault_image)?;
+        check_image("LAP_K8S_HARNESS_IMAGE", &self.harness_image)?;
+        if let Some(img) = &self.netfilter_image {
+            check_image("LAP_K8S_NETFILTER_IMAGE", img)?;
+        }
+        self.harness_image_overrides()?;
+        if let Some(rc) = &self.runtime_class {
+            if !is_dns_label(rc) {
+                return Err(setting_error(
+                    "LAP_K8S_RUNTIME_CLASS",
+                    format!("`{rc}` is not a RuntimeClass name"),
+                ));
+            }
+        }
+        if self.max_lifetime < Duration::from_secs(60) {
+            return Err(setting_error("LAP_K8S_MAX_LIFETIME", "must be at least 1m"));
+        }
+        if self.harness_port == 0 || [14322, 14323, 14324].contains(&self.harness_port) {
+            return Err(setting_error(
+                "LAP_K8S_HARNESS_PORT",
+                format!("{} is 0 or one of the vault's ports (14322-14324)", self.harness_port),
+            ));
+        }
+        Ok(())
+    }
+
+    /// `LAP_K8S_HARNESS_IMAGES` parsed: harness id → image.
+    pub fn harness_image_overrides(&self) -> Result<std::collections::BTreeMap<String, String>, SettingError> {
+        let mut map = std::collections::BTreeMap::new();
+        for item in self.harness_images.split(',').map(str::trim).filter(|s| !s.is_empty()) {
+            let Some((id, image)) = item.split_once('=') else {
+                return Err(setting_error(
+                    "LAP_K8S_HARNESS_IMAGES",
+                    format!("`{item}` is not harness_id=image"),
+                ));
+            };
+            if !crate::model::HARNESS_IDS.contains(&id.trim()) {
+                return Err(setting_error(
+                    "LAP_K8S_HARNESS_IMAGES",
+                    format!(
+                        "`{id}` is not a harness id (one of {})",
+                        crate::model::HARNESS_IDS.join(", ")
+                    ),
+                ));
+            }
+            check_image("LAP_K8S_HARNESS_IMAGES", image.trim())?;
+            map.insert(id.trim().to_owned(), image.trim().to_owned());
+        }
+        Ok(map)
+    }
 }
 
 /// Why a duration was rejected.
@@ -113,6 +265,57 @@ mod tests {
         assert_eq!(s.idle_timeout, Duration::from_secs(86400));
         assert_eq!(s.create_timeout, Duration::from_secs(600));
         assert_eq!(s.reconcile_interval, Duration::from_secs(10));
+        assert_eq!(s.k8s.namespace, "lap-sandboxes");
+        assert_eq!(s.k8s.api_version, SandboxApiVersion::V1beta1);
+        assert!(s.k8s.transparent);
+        assert_eq!(s.k8s.max_lifetime, Duration::from_secs(7 * 86400));
+        assert_eq!(s.k8s.harness_port, 8080);
+        assert_eq!(s.k8s.runtime_class, None);
+        s.k8s.validate().unwrap();
+    }
+
+    #[test]
+    fn kubernetes_settings() {
+        let s = Settings::try_parse_from([
+            "lap-server",
+            "--backend",
+            "kubernetes",
+            "--k8s-sandbox-api-version",
+            "v1alpha1",
+            "--k8s-runtime-class",
+            "gvisor",
+            "--k8s-transparent",
+            "false",
+            "--k8s-harness-images",
+            "codex=reg/codex:1, opencode=reg/oc:2",
+        ])
+        .unwrap();
+        assert_eq!(s.backend, BackendKind::Kubernetes);
+        assert_eq!(s.k8s.api_version, SandboxApiVersion::V1alpha1);
+        assert_eq!(s.k8s.runtime_class.as_deref(), Some("gvisor"));
+        assert!(!s.k8s.transparent);
+        let o = s.k8s.harness_image_overrides().unwrap();
+        assert_eq!(o["codex"], "reg/codex:1");
+        assert_eq!(o["opencode"], "reg/oc:2");
+        assert!(Settings::try_parse_from(["lap-server", "--k8s-sandbox-api-version", "v2"]).is_err());
+    }
+
+    #[test]
+    fn bad_kubernetes_settings_name_their_key() {
+        let bad = |args: &[&str]| {
+            let mut all = vec!["lap-server"];
+            all.extend_from_slice(args);
+            Settings::try_parse_from(all).unwrap().k8s.validate().unwrap_err().key
+        };
+        assert_eq!(bad(&["--k8s-namespace", "Bad_NS"]), "LAP_K8S_NAMESPACE");
+        assert_eq!(bad(&["--k8s-vault-image", "a b"]), "LAP_K8S_VAULT_IMAGE");
+        assert_eq!(bad(&["--k8s-harness-image", ""]), "LAP_K8S_HARNESS_IMAGE");
+        assert_eq!(bad(&["--k8s-harness-images", "nope=img"]), "LAP_K8S_HARNESS_IMAGES");
+        assert_eq!(bad(&["--k8s-harness-images", "codex"]), "LAP_K8S_HARNESS_IMAGES");
+        assert_eq!(bad(&["--k8s-runtime-class", "G Visor"]), "LAP_K8S_RUNTIME_CLASS");
+        assert_eq!(bad(&["--k8s-max-lifetime", "10s"]), "LAP_K8S_MAX_LIFETIME");
+        assert_eq!(bad(&["--k8s-harness-port", "14322"]), "LAP_K8S_HARNESS_PORT");
+        assert_eq!(bad(&["--k8s-netfilter-image", " "]), "LAP_K8S_NETFILTER_IMAGE");
     }
 
     #[test]

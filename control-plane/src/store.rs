@@ -39,13 +39,22 @@ fn map_unique(e: sqlx::Error) -> StoreError {
 
 /// The embedded migrations.
 fn migrator() -> Migrator {
-    let migrations = vec![Migration::new(
-        1,
-        Cow::Borrowed("init"),
-        MigrationType::Simple,
-        Cow::Borrowed(include_str!("../migrations/0001_init.sql")),
-        false,
-    )];
+    let migrations = vec![
+        Migration::new(
+            1,
+            Cow::Borrowed("init"),
+            MigrationType::Simple,
+            Cow::Borrowed(include_str!("../migrations/0001_init.sql")),
+            false,
+        ),
+        Migration::new(
+            2,
+            Cow::Borrowed("leases"),
+            MigrationType::Simple,
+            Cow::Borrowed(include_str!("../migrations/0002_leases.sql")),
+            false,
+        ),
+    ];
     Migrator {
         migrations: Cow::Owned(migrations),
         ..Migrator::DEFAULT
@@ -376,6 +385,55 @@ impl Store {
             .fetch_all(&self.pool)
             .await?;
         rows.iter().map(|r| Ok((r.try_get(0)?, r.try_get(1)?))).collect()
+    }
+
+    // ---- leases (several replicas) ----
+
+    /// Take or renew the lease `name` for `holder` until `now_ms + ttl_ms`: succeeds when nobody
+    /// holds it, `holder` already does, or the current hold expired. One atomic upsert, so two
+    /// replicas racing for a free lease cannot both win (the row's primary key decides).
+    pub async fn try_lease(&self, name: &str, holder: &str, now_ms: i64, ttl_ms: i64) -> Result<bool, StoreError> {
+        let r = sqlx::query(
+            "INSERT INTO leases (name, holder, expires_at) VALUES ($1, $2, $3) \
+             ON CONFLICT (name) DO UPDATE SET holder = excluded.holder, expires_at = excluded.expires_at \
+             WHERE leases.holder = excluded.holder OR leases.expires_at < $4",
+        )
+        .bind(name)
+        .bind(holder)
+        .bind(now_ms.saturating_add(ttl_ms))
+        .bind(now_ms)
+        .execute(&self.pool)
+        .await?;
+        Ok(r.rows_affected() > 0)
+    }
+
+    /// Who holds the lease `name` at `now_ms`, if anyone.
+    pub async fn lease_holder(&self, name: &str, now_ms: i64) -> Result<Option<String>, StoreError> {
+        let row = sqlx::query("SELECT holder FROM leases WHERE name = $1 AND expires_at >= $2")
+            .bind(name)
+            .bind(now_ms)
+            .fetch_optional(&self.pool)
+            .await?;
+        Ok(row.map(|r| r.try_get(0)).transpose()?)
+    }
+
+    /// Give the lease up (only if `holder` holds it).
+    pub async fn release_lease(&self, name: &str, holder: &str) -> Result<(), StoreError> {
+        sqlx::query("DELETE FROM leases WHERE name = $1 AND holder = $2")
+            .bind(name)
+            .bind(holder)
+            .execute(&self.pool)
+            .await?;
+        Ok(())
+    }
+
+    /// Forget leases that expired before `before_ms` (left by replicas that died).
+    pub async fn prune_leases(&self, before_ms: i64) -> Result<(), StoreError> {
+        sqlx::query("DELETE FROM leases WHERE expires_at < $1")
+            .bind(before_ms)
+            .execute(&self.pool)
+            .await?;
+        Ok(())
     }
 
     /// Whether the database answers.

@@ -120,6 +120,25 @@ fn bad_configuration_exits_2_naming_the_setting() {
     assert!(err.contains("/nonexistent/vault-sidecar"), "{err}");
 }
 
+/// `LAP_BACKEND=kubernetes`: a bad `LAP_K8S_*` value exits 2 naming the key (before any cluster
+/// is looked for); without a cluster it exits 2 saying so.
+#[test]
+fn kubernetes_settings_are_checked_at_start() {
+    let (code, err) = exit_code(&[("LAP_BACKEND", "kubernetes"), ("LAP_K8S_NAMESPACE", "Not_A_Namespace")]);
+    assert_eq!(code, 2, "{err}");
+    assert!(err.contains("LAP_K8S_NAMESPACE"), "{err}");
+    let (code, err) = exit_code(&[("LAP_BACKEND", "kubernetes"), ("LAP_K8S_HARNESS_IMAGES", "nope=img:1")]);
+    assert_eq!(code, 2, "{err}");
+    assert!(err.contains("LAP_K8S_HARNESS_IMAGES") && err.contains("nope"), "{err}");
+    let (code, err) = exit_code(&[
+        ("LAP_BACKEND", "kubernetes"),
+        ("KUBECONFIG", "/nonexistent/kubeconfig"),
+        ("KUBERNETES_SERVICE_HOST", ""),
+    ]);
+    assert_eq!(code, 2, "{err}");
+    assert!(err.contains("no cluster found"), "{err}");
+}
+
 /// SIGTERM with an SSE stream open: the server still exits (after at most ~5 s).
 #[tokio::test(flavor = "multi_thread")]
 async fn sigterm_exits_even_with_an_open_event_stream() {

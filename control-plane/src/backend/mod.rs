@@ -2,9 +2,12 @@
 //!
 //! [`SandboxSpec`] is everything a sandbox needs (the sidecar's secrets with their real values,
 //! the harness's non-secret settings); [`SandboxHandle`] is what the control plane keeps to reach
-//! and stop it. Start reading at [`local`].
+//! and stop it. Start reading at [`local`]; the Kubernetes backend is [`kubernetes`] (I/O) over
+//! [`sandbox`] (the pure shape of the pod).
 
+pub mod kubernetes;
 pub mod local;
+pub mod sandbox;
 
 use std::collections::BTreeMap;
 
