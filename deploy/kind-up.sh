@@ -5,7 +5,7 @@
 #   AGENT_SANDBOX_VERSION=v0.1.1 deploy/kind-up.sh
 #
 # Images: lap/lap-server:dev, lap/vault-sidecar:dev and lap/harness-<harness_id>:dev are loaded
-# into the cluster when they exist locally (docker); build them first. Secrets (master key,
+# into the cluster when they exist locally (docker); build them first with deploy/build-images.sh. Secrets (master key,
 # encryption key, Postgres password) are generated here on first run, never committed.
 set -euo pipefail
 cd "$(dirname "$0")/.."

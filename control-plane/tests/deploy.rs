@@ -268,3 +268,94 @@ fn validator_rejects_bad_objects() {
     let r = std::panic::catch_unwind(|| check::<Service>(&doc, "Service x"));
     assert!(r.is_err(), "a missing required field (port) passed");
 }
+
+/// Instructions of a Dockerfile as (KEYWORD, arguments), continuations joined, comments dropped.
+fn dockerfile(path: &Path) -> Vec<(String, String)> {
+    let text = std::fs::read_to_string(path).unwrap_or_else(|e| panic!("{}: {e}", path.display()));
+    let mut out = Vec::new();
+    let mut current = String::new();
+    for line in text.lines().map(str::trim) {
+        if current.is_empty() && (line.is_empty() || line.starts_with('#')) {
+            continue;
+        }
+        if let Some(body) = line.strip_suffix('\\') {
+            current.push_str(body);
+            current.push(' ');
+            continue;
+        }
+        current.push_str(line);
+        let (k, a) = current.split_once(char::is_whitespace).unwrap_or((&current, ""));
+        out.push((k.to_uppercase(), a.split_whitespace().collect::<Vec<_>>().join(" ")));
+        current.clear();
+    }
+    out
+}
+
+/// The images the deployment and the backend name: lap-server and the vault, each a multi-stage
+/// build of its binary with `--locked`, run as the user the pod expects, and the build script
+/// tagging every image with the names the defaults use.
+#[test]
+fn server_and_vault_images_are_well_formed_and_named_as_deployed() {
+    use clap::Parser as _;
+    use lap_control_plane::backend::sandbox::VAULT_UID;
+    for (dir, krate, bin, user) in [
+        (
+            "lap-server",
+            "lap-control-plane",
+            "lap-server",
+            "10001:10001".to_owned(),
+        ),
+        (
+            "vault-sidecar",
+            "lap-vault-sidecar",
+            "vault-sidecar",
+            format!("{VAULT_UID}:{VAULT_UID}"),
+        ),
+    ] {
+        let ins = dockerfile(&deploy_dir().join("images").join(dir).join("Dockerfile"));
+        let froms: Vec<usize> = ins
+            .iter()
+            .enumerate()
+            .filter(|(_, (k, _))| k == "FROM")
+            .map(|(i, _)| i)
+            .collect();
+        assert_eq!(froms.len(), 2, "{dir}: a build stage and the image");
+        assert!(ins[froms[0]].1.ends_with("AS build"), "{dir}: first stage is `build`");
+        let build = &ins[froms[0]..froms[1]];
+        let image = &ins[froms[1]..];
+        assert!(
+            build.iter().any(|(k, a)| k == "RUN"
+                && a.contains("cargo build --release --locked")
+                && a.contains(&format!("-p {krate}"))),
+            "{dir}: builds {krate} with --locked"
+        );
+        assert!(
+            image.iter().any(|(k, a)| k == "COPY"
+                && a.starts_with("--from=build")
+                && a.contains(&format!("target/release/{bin} /usr/local/bin/{bin}"))),
+            "{dir}: copies {bin} out of the build stage"
+        );
+        let users: Vec<&String> = image.iter().filter(|(k, _)| k == "USER").map(|(_, a)| a).collect();
+        assert_eq!(users, [&user], "{dir}: runs as {user}");
+        let entry = image.iter().rev().find(|(k, _)| k == "ENTRYPOINT").expect("ENTRYPOINT");
+        assert!(
+            entry.1.contains(&format!("/usr/local/bin/{bin}")),
+            "{dir}: ENTRYPOINT runs {bin}"
+        );
+    }
+    let vault = dockerfile(&deploy_dir().join("images/vault-sidecar/Dockerfile"));
+    assert!(
+        vault.iter().any(|(k, a)| k == "RUN" && a.contains("iptables")),
+        "the netfilter init container runs the vault image, which needs iptables"
+    );
+
+    let script = std::fs::read_to_string(deploy_dir().join("build-images.sh")).unwrap();
+    for tag in ["lap/lap-server:$tag", "lap/vault-sidecar:$tag", "lap/harness-$id:$tag"] {
+        assert!(script.contains(tag), "build-images.sh tags {tag}");
+    }
+    let deployment = std::fs::read_to_string(deploy_dir().join("base/deployment.yaml")).unwrap();
+    assert!(deployment.contains("image: lap/lap-server:dev"));
+    let settings = lap_control_plane::settings::Settings::try_parse_from(["lap-server"]).unwrap();
+    assert_eq!(settings.k8s.vault_image, "lap/vault-sidecar:dev");
+    assert_eq!(settings.k8s.harness_image, "lap/harness-{harness_id}:dev");
+}

@@ -10,7 +10,7 @@
 //! └ pod
 //!   init  lap-netfilter        root, NET_ADMIN only: iptables sends the harness's TCP to the vault
 //!   init  vault (sidecar)      restartPolicy Always, startupProbe /readyz, uid 1337, read-only rootfs
-//!   main  harness              uid 1000, starts after the vault is ready; stubs + SPEC §2.3 env
+//!   main  harness              uid 10001 (the images' user), after the vault is ready; stubs + SPEC §2.3 env
 //! Secret lap-ses-…-vault       sidecar.toml, secrets.json, admin_token, harness_token
 //!                              (mounted only into the vault; owner: the Sandbox)
 //! emptyDir lap-shared (Memory) the pod CA: vault rw, harness ro
@@ -52,7 +52,7 @@ pub const VAULT_TRANSPARENT_PORT: u16 = 14324;
 /// The vault container's user (and group); iptables lets only this user out.
 pub const VAULT_UID: i64 = 1337;
 /// The harness container's user (and group).
-pub const HARNESS_UID: i64 = 1000;
+pub const HARNESS_UID: i64 = 10001;
 /// Group of the pod's volumes (`fsGroup`).
 pub const FS_GROUP: i64 = 2000;
 
