@@ -8,11 +8,11 @@ use std::sync::Arc;
 
 use bytes::Bytes;
 use criterion::{criterion_group, criterion_main, Criterion, Throughput};
+use lap_benches::pki::UpstreamPki;
 use lap_vault_sidecar::hosts::{HostPattern, HostSet, TargetHost};
 use lap_vault_sidecar::rewrite::{HostRules, Injections};
 use lap_vault_sidecar::secrets::{Location, LocationSet, Secret, SecretSet};
 use lap_vault_sidecar::tls::{Ca, LeafCache};
-use lap_benches::pki::UpstreamPki;
 
 fn secrets() -> SecretSet {
     let mut locations = LocationSet::default();
@@ -203,7 +203,9 @@ fn request(c: &mut Criterion) {
                 resp.bytes().await.expect("body")
             };
             runtime.block_on(get());
-            group.bench_function(format!("{route}_{proto}"), |b| b.iter(|| black_box(runtime.block_on(get()))));
+            group.bench_function(format!("{route}_{proto}"), |b| {
+                b.iter(|| black_box(runtime.block_on(get())))
+            });
         }
     }
     group.finish();

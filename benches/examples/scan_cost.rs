@@ -13,9 +13,21 @@ fn main() {
     locations.insert(Location::Body);
     let set = SecretSet::new(
         [
-            ("ANTHROPIC_API_KEY", "sk-ant-api03-lapstub-aaaaaaaaaaaaaaaa", "sk-ant-api03-REAL-bbbbbbbbbbbbbbbb"),
-            ("OPENAI_API_KEY", "sk-lapstub-cccccccccccccccc", "sk-REAL-dddddddddddddddddddd"),
-            ("GITHUB_TOKEN", "ghp_lapstubeeeeeeeeeeeeeeee", "ghp_REALffffffffffffffffffff"),
+            (
+                "ANTHROPIC_API_KEY",
+                "sk-ant-api03-lapstub-aaaaaaaaaaaaaaaa",
+                "sk-ant-api03-REAL-bbbbbbbbbbbbbbbb",
+            ),
+            (
+                "OPENAI_API_KEY",
+                "sk-lapstub-cccccccccccccccc",
+                "sk-REAL-dddddddddddddddddddd",
+            ),
+            (
+                "GITHUB_TOKEN",
+                "ghp_lapstubeeeeeeeeeeeeeeee",
+                "ghp_REALffffffffffffffffffff",
+            ),
         ]
         .into_iter()
         .map(|(name, stub, value)| Secret {

@@ -18,12 +18,7 @@ pub type Sender = SendRequest<Full<Bytes>>;
 
 /// Open `CONNECT host:port` through `proxy`, handshake TLS with SNI `host`, and start an HTTP/1.1
 /// connection on it. The connection task runs until the returned sender and the peer let it go.
-pub async fn open(
-    proxy: SocketAddr,
-    host: &str,
-    port: u16,
-    tls: Arc<rustls::ClientConfig>,
-) -> Result<Sender, String> {
+pub async fn open(proxy: SocketAddr, host: &str, port: u16, tls: Arc<rustls::ClientConfig>) -> Result<Sender, String> {
     let mut tcp = TcpStream::connect(proxy)
         .await
         .map_err(|e| format!("connect to proxy: {e}"))?;
@@ -40,7 +35,12 @@ pub async fn open(
     let mut head = Vec::with_capacity(128);
     let mut byte = [0u8; 1];
     while !head.ends_with(b"\r\n\r\n") {
-        if tcp.read(&mut byte).await.map_err(|e| format!("read CONNECT answer: {e}"))? == 0 {
+        if tcp
+            .read(&mut byte)
+            .await
+            .map_err(|e| format!("read CONNECT answer: {e}"))?
+            == 0
+        {
             return Err("proxy closed before answering CONNECT".into());
         }
         head.push(byte[0]);
@@ -49,7 +49,10 @@ pub async fn open(
         }
     }
     if !(head.starts_with(b"HTTP/1.1 200") || head.starts_with(b"HTTP/1.0 200")) {
-        return Err(format!("CONNECT refused: {}", String::from_utf8_lossy(&head).trim_end()));
+        return Err(format!(
+            "CONNECT refused: {}",
+            String::from_utf8_lossy(&head).trim_end()
+        ));
     }
     let name = ServerName::try_from(host.to_owned()).map_err(|e| format!("server name {host}: {e}"))?;
     let stream = TlsConnector::from(tls)

@@ -259,14 +259,21 @@ mod tests {
 
     #[test]
     fn stub_shaped_patterns_use_the_packed_searcher_where_the_cpu_has_ssse3() {
-        let f = Finder::new(["sk-ant-api03-lapstub-aaaaaaaa", "sk-lapstub-cccccccc", "ghp_lapstubeeeeeeee"])
-            .expect("finder");
+        let f = Finder::new([
+            "sk-ant-api03-lapstub-aaaaaaaa",
+            "sk-lapstub-cccccccc",
+            "ghp_lapstubeeeeeeee",
+        ])
+        .expect("finder");
         #[cfg(target_arch = "x86_64")]
         if std::arch::is_x86_feature_detected!("ssse3") {
             assert!(f.is_packed());
         }
         let text = b"{\"key\":\"sk-lapstub-cccccccc\",\"k2\":\"sk-ant-api03-lapstub-aaaaaaaa\"}".repeat(3);
-        let got: Vec<_> = f.find_iter(&text).map(|m| (m.pattern().as_usize(), m.start())).collect();
+        let got: Vec<_> = f
+            .find_iter(&text)
+            .map(|m| (m.pattern().as_usize(), m.start()))
+            .collect();
         assert_eq!(got.len(), 6);
         assert_eq!(got[0], (1, 8));
     }

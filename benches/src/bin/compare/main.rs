@@ -161,7 +161,11 @@ async fn run(args: Args) -> Result<()> {
                 reqwest::Version::HTTP_2
             };
             ensure!(version == want, "{} {tag}: negotiated {version:?}", route.name);
-            let n = if route.name == "M" { args.requests / 5 } else { args.requests };
+            let n = if route.name == "M" {
+                args.requests / 5
+            } else {
+                args.requests
+            };
             let s = measure::latency(&client, &url("/v1/small"), route.key, n / 10, n).await?;
             eprintln!(
                 "{} {tag} latency: p50 {:.0} µs, p99 {:.0} µs over {}",
@@ -176,8 +180,14 @@ async fn run(args: Args) -> Result<()> {
             lat[i] = Some(s);
             // A fresh client per throughput row, warmed for a second before the measured window.
             let client = route.client(proto, port)?;
-            measure::throughput(&client, &url("/v1/small"), route.key, args.concurrency, Duration::from_secs(1))
-                .await?;
+            measure::throughput(
+                &client,
+                &url("/v1/small"),
+                route.key,
+                args.concurrency,
+                Duration::from_secs(1),
+            )
+            .await?;
             let r = measure::throughput(
                 &client,
                 &url("/v1/small"),
@@ -193,7 +203,11 @@ async fn run(args: Args) -> Result<()> {
         rows.push(row(format!("keep-alive latency p50, {tag}"), pick(0.5), "µs"));
         rows.push(row(format!("keep-alive latency p99, {tag}"), pick(0.99), "µs"));
         rows.push(row(format!("keep-alive latency p99.9, {tag}"), pick(0.999), "µs"));
-        rows.push(row(format!("requests/s, {} clients, {tag}", args.concurrency), rps, "req/s"));
+        rows.push(row(
+            format!("requests/s, {} clients, {tag}", args.concurrency),
+            rps,
+            "req/s",
+        ));
     }
     let metrics_after = scrape(sidecar.admin).await?;
     let connects = delta(&metrics_before, &metrics_after, "upstream_connects_total");
@@ -253,18 +267,22 @@ async fn run(args: Args) -> Result<()> {
     );
     drop(held);
 
-    let report = render(&args, &rows, Extras {
-        reuse,
-        connects,
-        requests,
-        mints,
-        first_connects: first,
-        per_tunnel,
-        tunnels: args.tunnels,
-        nagle: &nagle,
-        rss0,
-        rss1,
-    })?;
+    let report = render(
+        &args,
+        &rows,
+        Extras {
+            reuse,
+            connects,
+            requests,
+            mints,
+            first_connects: first,
+            per_tunnel,
+            tunnels: args.tunnels,
+            nagle: &nagle,
+            rss0,
+            rss1,
+        },
+    )?;
     println!("{report}");
     if let Some(out) = &args.out {
         std::fs::write(out, &report).with_context(|| format!("write {}", out.display()))?;
@@ -419,7 +437,10 @@ fn render(args: &Args, rows: &[Row], x: Extras<'_>) -> Result<String> {
         args.concurrency
     )?;
     writeln!(s)?;
-    writeln!(s, "| metric | D (direct) | P (sidecar) | M (mitmproxy) | unit | P/D | P/M |")?;
+    writeln!(
+        s,
+        "| metric | D (direct) | P (sidecar) | M (mitmproxy) | unit | P/D | P/M |"
+    )?;
     writeln!(s, "|---|---:|---:|---:|---|---:|---:|")?;
     for r in rows {
         let [d, p, m] = r.values;
@@ -452,13 +473,25 @@ fn render(args: &Args, rows: &[Row], x: Extras<'_>) -> Result<String> {
         if let Some(r) = find(rows, &format!("requests/s, {} clients, {tag}", args.concurrency)) {
             let pd = ratio(r.values[1], r.values[0]);
             let pm = ratio(r.values[1], r.values[2]);
-            target(format!("requests/s P/D ≥ 0.5, {tag}"), pd.clone(), pd.parse::<f64>().is_ok_and(|v| v >= 0.5))?;
-            target(format!("requests/s P/M ≥ 11, {tag}"), pm.clone(), pm.parse::<f64>().is_ok_and(|v| v >= 11.0))?;
+            target(
+                format!("requests/s P/D ≥ 0.5, {tag}"),
+                pd.clone(),
+                pd.parse::<f64>().is_ok_and(|v| v >= 0.5),
+            )?;
+            target(
+                format!("requests/s P/M ≥ 11, {tag}"),
+                pm.clone(),
+                pm.parse::<f64>().is_ok_and(|v| v >= 11.0),
+            )?;
         }
     }
     if let Some(r) = find(rows, "1 GiB download, http/1.1") {
         let v = ratio(r.values[1], r.values[0]);
-        target("1 GiB download P/D ≥ 0.6".into(), v.clone(), v.parse::<f64>().is_ok_and(|v| v >= 0.6))?;
+        target(
+            "1 GiB download P/D ≥ 0.6".into(),
+            v.clone(),
+            v.parse::<f64>().is_ok_and(|v| v >= 0.6),
+        )?;
     }
     if let Some(r) = find(rows, "time to first SSE event p50, http/1.1") {
         if let (Some(d), Some(p)) = (r.values[0], r.values[1]) {
@@ -470,7 +503,10 @@ fn render(args: &Args, rows: &[Row], x: Extras<'_>) -> Result<String> {
         }
     }
     target(
-        format!("{} concurrent first CONNECTs to one host mint one leaf", x.first_connects),
+        format!(
+            "{} concurrent first CONNECTs to one host mint one leaf",
+            x.first_connects
+        ),
         format!("{} minted", x.mints),
         x.mints == 1.0,
     )?;
@@ -481,7 +517,11 @@ fn render(args: &Args, rows: &[Row], x: Extras<'_>) -> Result<String> {
     )?;
     if let Some(r) = find(rows, "proxy peak RSS after all of the above") {
         if let Some(p) = r.values[1] {
-            target("sidecar peak RSS ≤ 64 MiB moving 1 GiB each way".into(), format!("{p:.1} MiB"), p <= 64.0)?;
+            target(
+                "sidecar peak RSS ≤ 64 MiB moving 1 GiB each way".into(),
+                format!("{p:.1} MiB"),
+                p <= 64.0,
+            )?;
         }
     }
     target(

@@ -65,7 +65,13 @@ pub(crate) async fn negotiated(client: &reqwest::Client, url: &str, key: &str) -
 }
 
 /// Sequential requests on one warm keep-alive connection; latency of each (send → last body byte).
-pub(crate) async fn latency(client: &reqwest::Client, url: &str, key: &str, warmup: usize, n: usize) -> Result<Samples> {
+pub(crate) async fn latency(
+    client: &reqwest::Client,
+    url: &str,
+    key: &str,
+    warmup: usize,
+    n: usize,
+) -> Result<Samples> {
     for _ in 0..warmup {
         get_ok(client, url, key).await?.bytes().await?;
     }

@@ -74,10 +74,13 @@ fn wait_listening(server: &mut Server, addr: SocketAddr, log: &Path) -> Result<(
 /// nginx on 127.0.0.1 and [::1], h2 and http/1.1, with the echo module for the SSE route.
 /// Every route answers 401 unless `x-api-key` is the real key, so each measured request proves the swap.
 pub(crate) fn nginx(dir: &Path, port: u16) -> Result<Server> {
-    let echo = ["/usr/lib/nginx/modules/ngx_http_echo_module.so", "/usr/share/nginx/modules/ngx_http_echo_module.so"]
-        .into_iter()
-        .find(|p| Path::new(p).exists())
-        .context("nginx's echo module is missing (Debian: libnginx-mod-http-echo)")?;
+    let echo = [
+        "/usr/lib/nginx/modules/ngx_http_echo_module.so",
+        "/usr/share/nginx/modules/ngx_http_echo_module.so",
+    ]
+    .into_iter()
+    .find(|p| Path::new(p).exists())
+    .context("nginx's echo module is missing (Debian: libnginx-mod-http-echo)")?;
     let blob = dir.join("download.bin");
     // A sparse file: reading it costs no disk.
     std::fs::File::create(&blob)?.set_len(GIB)?;
@@ -188,11 +191,7 @@ hosts = ["localhost", "127.0.0.1"]
     let conf_path = dir.join("sidecar.toml");
     std::fs::write(&conf_path, conf)?;
     let log = dir.join("sidecar.log");
-    let mut server = spawn(
-        "vault-sidecar",
-        Command::new(bin).arg("--config").arg(&conf_path),
-        &log,
-    )?;
+    let mut server = spawn("vault-sidecar", Command::new(bin).arg("--config").arg(&conf_path), &log)?;
     wait_listening(&mut server, admin, &log)?;
     wait_listening(&mut server, proxy, &log)?;
     let ca_pem = std::fs::read_to_string(dir.join("sidecar-ca.pem")).context("sidecar CA")?;
@@ -242,7 +241,10 @@ def requestheaders(flow):
             .arg("--set")
             .arg(format!("confdir={}", confdir.display()))
             .arg("--set")
-            .arg(format!("ssl_verify_upstream_trusted_ca={}/upstream-ca.pem", dir.display()))
+            .arg(format!(
+                "ssl_verify_upstream_trusted_ca={}/upstream-ca.pem",
+                dir.display()
+            ))
             .arg("--set")
             .arg("stream_large_bodies=64k")
             .arg("-s")
