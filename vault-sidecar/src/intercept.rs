@@ -110,6 +110,9 @@ where
     } else {
         hyper::server::conn::http1::Builder::new()
             .timer(TokioTimer::new())
+            // One flat buffer per flush: a small response goes out as one TLS record, not one per
+            // queued slice (head, body).
+            .writev(false)
             .header_read_timeout(HEADER_READ_TIMEOUT)
             .max_header_size(MAX_REQUEST_HEAD)
             .half_close(true)

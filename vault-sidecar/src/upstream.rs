@@ -369,6 +369,8 @@ impl Upstreams {
                 .pool_idle_timeout(POOL_IDLE_TIMEOUT)
                 .pool_max_idle_per_host(64)
                 .http2_adaptive_window(true)
+                // As on the client side (intercept.rs): one TLS record per small request.
+                .http1_writev(false)
                 .build(Connector::new(resolver.clone(), roots.clone(), alpn, connects.clone()))
         };
         Self {
