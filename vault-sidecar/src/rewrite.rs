@@ -11,6 +11,8 @@
 
 use base64::engine::general_purpose::STANDARD as BASE64;
 use base64::Engine as _;
+use std::sync::Arc;
+
 use bytes::{Bytes, BytesMut};
 
 use crate::hosts::TargetHost;
@@ -212,7 +214,7 @@ pub fn redactor(set: &SecretSet) -> Option<StreamRewriter> {
 /// that cannot be part of a match (an SSE event's trailing blank line, say) is released at once.
 #[derive(Debug)]
 pub struct StreamRewriter {
-    ac: Finder,
+    ac: Arc<Finder>,
     /// Pattern bytes by pattern id (for the hold-back check).
     patterns: Vec<Bytes>,
     /// Replacement by pattern id; `None` leaves that pattern's matches as they are.
@@ -225,11 +227,11 @@ pub struct StreamRewriter {
 
 impl StreamRewriter {
     /// `patterns[i]` must be the `i`th pattern of `ac`.
-    pub fn new(ac: Finder, patterns: Vec<Bytes>, replacements: Vec<Option<Bytes>>) -> Self {
+    pub fn new(ac: impl Into<Arc<Finder>>, patterns: Vec<Bytes>, replacements: Vec<Option<Bytes>>) -> Self {
         let max_len = patterns.iter().map(Bytes::len).max().unwrap_or(0);
         let hits = vec![0; patterns.len()];
         Self {
-            ac,
+            ac: ac.into(),
             patterns,
             replacements,
             max_len,

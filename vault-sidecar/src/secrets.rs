@@ -6,6 +6,8 @@
 use std::fmt;
 use std::str::FromStr;
 
+use std::sync::Arc;
+
 use aho_corasick::{packed, AhoCorasick, AhoCorasickBuilder, AhoCorasickKind, MatchKind};
 
 use crate::hosts::{HostSet, TargetHost};
@@ -96,9 +98,9 @@ pub const MIN_REDACT_LEN: usize = 8;
 pub struct SecretSet {
     secrets: Vec<Secret>,
     /// Pattern `i` is `secrets[i].stub`.
-    stubs: Option<Finder>,
+    stubs: Option<Arc<Finder>>,
     /// Pattern `j` is `secrets[redact_ids[j]].value`.
-    values: Option<Finder>,
+    values: Option<Arc<Finder>>,
     redact_ids: Vec<usize>,
     bound: HostSet,
 }
@@ -182,14 +184,14 @@ impl Iterator for FindIter<'_, '_> {
 
 impl SecretSet {
     pub fn new(secrets: Vec<Secret>) -> Self {
-        let stubs = Finder::new(secrets.iter().map(|s| s.stub.as_bytes()));
+        let stubs = Finder::new(secrets.iter().map(|s| s.stub.as_bytes())).map(Arc::new);
         let redact_ids: Vec<usize> = secrets
             .iter()
             .enumerate()
             .filter(|(_, s)| s.value.len() >= MIN_REDACT_LEN)
             .map(|(i, _)| i)
             .collect();
-        let values = Finder::new(redact_ids.iter().map(|&i| secrets[i].value.as_bytes()));
+        let values = Finder::new(redact_ids.iter().map(|&i| secrets[i].value.as_bytes())).map(Arc::new);
         let bound = HostSet(secrets.iter().flat_map(|s| s.hosts.0.iter().cloned()).collect());
         Self {
             secrets,
@@ -217,12 +219,14 @@ impl SecretSet {
     }
 
     /// Automaton over the stubs; pattern id = index into [`SecretSet::secrets`].
-    pub fn stub_automaton(&self) -> Option<&Finder> {
+    /// Shared: each request's rewriter holds a reference, never a copy (a packed searcher's clone
+    /// allocates its Rabin-Karp buckets).
+    pub fn stub_automaton(&self) -> Option<&Arc<Finder>> {
         self.stubs.as_ref()
     }
 
     /// Automaton over the redactable real values, and the secret index of each pattern.
-    pub fn value_automaton(&self) -> Option<(&Finder, &[usize])> {
+    pub fn value_automaton(&self) -> Option<(&Arc<Finder>, &[usize])> {
         self.values.as_ref().map(|ac| (ac, self.redact_ids.as_slice()))
     }
 
