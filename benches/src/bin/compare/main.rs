@@ -104,7 +104,7 @@ async fn run(args: Args) -> Result<()> {
     std::fs::write(dir.path().join("upstream-leaf.key"), &pki.leaf_key_pem)?;
 
     let port = servers::free_port()?;
-    let _nginx = servers::nginx(dir.path(), port)?;
+    let nginx = servers::nginx(dir.path(), port)?;
     let sidecar = servers::sidecar(&sidecar_bin, dir.path(), port)?;
     let mitm = if args.routes.contains('M') {
         Some(servers::mitmproxy(&mitmdump()?, dir.path())?)
@@ -142,6 +142,8 @@ async fn run(args: Args) -> Result<()> {
     ];
     let url = |path: &str| format!("https://localhost:{port}{path}");
     let pids = [None, Some(sidecar.server.pid()), mitm.as_ref().map(|(m, _, _)| m.pid())];
+    // Whose CPU time a request costs on each route: the process terminating the client's TLS.
+    let tls_server_pids = [Some(nginx.pid()), pids[1], pids[2]];
     let run_route = |r: &Route| args.routes.contains(r.name);
 
     let mut rows: Vec<Row> = Vec::new();
@@ -152,6 +154,8 @@ async fn run(args: Args) -> Result<()> {
         let tag = if proto == Proto::H1 { "http/1.1" } else { "h2" };
         let mut lat: [Option<Samples>; 3] = [None, None, None];
         let mut rps = [None; 3];
+        let mut cpu_seq = [None; 3];
+        let mut cpu_conc = [None; 3];
         for (i, route) in routes.iter().enumerate().filter(|(_, r)| run_route(r)) {
             let client = route.client(proto, port)?;
             let version = measure::negotiated(&client, &url("/v1/small"), route.key).await?;
@@ -166,7 +170,10 @@ async fn run(args: Args) -> Result<()> {
             } else {
                 args.requests
             };
+            let pid = tls_server_pids[i].context("route without a process")?;
+            let cpu0 = servers::cpu_ns(pid)?;
             let s = measure::latency(&client, &url("/v1/small"), route.key, n / 10, n).await?;
+            cpu_seq[i] = Some((servers::cpu_ns(pid)? - cpu0) as f64 / 1000.0 / (n + n / 10) as f64);
             eprintln!(
                 "{} {tag} latency: p50 {:.0} µs, p99 {:.0} µs over {}",
                 route.name,
@@ -188,7 +195,8 @@ async fn run(args: Args) -> Result<()> {
                 Duration::from_secs(1),
             )
             .await?;
-            let r = measure::throughput(
+            let cpu0 = servers::cpu_ns(pid)?;
+            let (done, elapsed) = measure::throughput(
                 &client,
                 &url("/v1/small"),
                 route.key,
@@ -196,7 +204,15 @@ async fn run(args: Args) -> Result<()> {
                 Duration::from_secs_f64(args.seconds),
             )
             .await?;
-            eprintln!("{} {tag} requests/s ({} clients): {r:.0}", route.name, args.concurrency);
+            cpu_conc[i] = Some((servers::cpu_ns(pid)? - cpu0) as f64 / 1000.0 / done as f64);
+            let r = done as f64 / elapsed.as_secs_f64();
+            eprintln!(
+                "{} {tag} requests/s ({} clients): {r:.0}; CPU per request {:.1} µs sequential, {:.1} µs concurrent",
+                route.name,
+                args.concurrency,
+                cpu_seq[i].unwrap_or_default(),
+                cpu_conc[i].unwrap_or_default()
+            );
             rps[i] = Some(r);
         }
         let pick = |q: f64| lat.each_ref().map(|s| s.as_ref().map(|s| s.pct_us(q)));
@@ -207,6 +223,19 @@ async fn run(args: Args) -> Result<()> {
             format!("requests/s, {} clients, {tag}", args.concurrency),
             rps,
             "req/s",
+        ));
+        rows.push(row(
+            format!("CPU per request in the TLS server (nginx / proxy), sequential, {tag}"),
+            cpu_seq,
+            "µs",
+        ));
+        rows.push(row(
+            format!(
+                "CPU per request in the TLS server (nginx / proxy), {} clients, {tag}",
+                args.concurrency
+            ),
+            cpu_conc,
+            "µs",
         ));
     }
     let metrics_after = scrape(sidecar.admin).await?;

@@ -84,14 +84,15 @@ pub(crate) async fn latency(
     Ok(Samples::new(out))
 }
 
-/// `concurrency` tasks sharing one client, each looping requests for `dur`; completed requests/s.
+/// `concurrency` tasks sharing one client, each looping requests for `dur`; requests completed, and
+/// the time they took.
 pub(crate) async fn throughput(
     client: &reqwest::Client,
     url: &str,
     key: &'static str,
     concurrency: usize,
     dur: Duration,
-) -> Result<f64> {
+) -> Result<(u64, Duration)> {
     let done = Arc::new(AtomicU64::new(0));
     let start = Instant::now();
     let deadline = start + dur;
@@ -109,7 +110,7 @@ pub(crate) async fn throughput(
     for t in tasks {
         t.await.context("load task")??;
     }
-    Ok(done.load(Ordering::Relaxed) as f64 / start.elapsed().as_secs_f64())
+    Ok((done.load(Ordering::Relaxed), start.elapsed()))
 }
 
 /// One streamed GET of the 1 GiB blob; MiB/s.

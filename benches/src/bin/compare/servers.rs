@@ -271,6 +271,23 @@ pub(crate) fn rss_kib(pid: u32) -> Result<(u64, u64)> {
     Ok((field("VmHWM:")?, field("VmRSS:")?))
 }
 
+/// CPU time `pid` has run so far, summed over its threads (`/proc/PID/task/*/schedstat`, first field:
+/// nanoseconds on a CPU; see the kernel's Documentation/scheduler/sched-stats.rst).
+pub(crate) fn cpu_ns(pid: u32) -> Result<u64> {
+    let mut total = 0;
+    for task in std::fs::read_dir(format!("/proc/{pid}/task"))? {
+        let path = task?.path().join("schedstat");
+        // A thread may end between the listing and the read.
+        let Ok(stat) = std::fs::read_to_string(&path) else { continue };
+        total += stat
+            .split_whitespace()
+            .next()
+            .and_then(|v| v.parse::<u64>().ok())
+            .with_context(|| format!("{}: no run time", path.display()))?;
+    }
+    Ok(total)
+}
+
 /// The first of `candidates` that exists, else `name` on PATH.
 pub(crate) fn find_program(candidates: &[PathBuf], name: &str) -> Option<PathBuf> {
     if let Some(p) = candidates.iter().find(|p| p.is_file()) {
