@@ -20,6 +20,12 @@ use crate::secrets::{Location, LocationSet, Secret};
 pub const DEFAULT_LISTEN: &str = "127.0.0.1:14322";
 /// Default admin listen address.
 pub const DEFAULT_ADMIN_LISTEN: &str = "127.0.0.1:14323";
+/// Default `worker_threads`: one thread serves every connection. A sidecar serves one session; on
+/// one thread a request's client side and upstream side never wait for a wake-up across threads
+/// (README, Performance: CPU per request, one worker vs two).
+pub const DEFAULT_WORKER_THREADS: usize = 1;
+/// Largest `worker_threads` accepted.
+pub const MAX_WORKER_THREADS: usize = 256;
 
 /// The TOML file, as written. Every key is optional except inside `[[secrets]]`.
 #[derive(Debug, Clone, Default, Serialize, Deserialize, PartialEq)]
@@ -34,6 +40,9 @@ pub struct SidecarConfig {
     pub transparent_listen: Option<String>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub ca_cert_path: Option<PathBuf>,
+    /// Threads serving connections (default [`DEFAULT_WORKER_THREADS`]).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub worker_threads: Option<i64>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub ca_cert_file: Option<PathBuf>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -172,6 +181,8 @@ pub struct Settings {
     pub listen: SocketAddr,
     pub admin_listen: SocketAddr,
     pub transparent_listen: Option<SocketAddr>,
+    /// Tokio worker threads serving connections.
+    pub worker_threads: usize,
     pub ca_cert_path: Option<PathBuf>,
     pub ca: CaSource,
     pub upstream_ca_files: Vec<PathBuf>,
@@ -268,6 +279,17 @@ impl Settings {
         if listen == admin_listen && listen.port() != 0 {
             problems.add("admin_listen", "must differ from `listen`");
         }
+        let worker_threads = match config.worker_threads {
+            None => DEFAULT_WORKER_THREADS,
+            Some(n) if (1..=MAX_WORKER_THREADS as i64).contains(&n) => n as usize,
+            Some(n) => {
+                problems.add(
+                    "worker_threads",
+                    format!("must be between 1 and {MAX_WORKER_THREADS}, got {n}"),
+                );
+                DEFAULT_WORKER_THREADS
+            }
+        };
 
         let ca = match (&config.ca_cert_file, &config.ca_key_file) {
             (None, None) => CaSource::Generate,
@@ -370,6 +392,7 @@ impl Settings {
             listen,
             admin_listen,
             transparent_listen,
+            worker_threads,
             ca_cert_path: config.ca_cert_path.clone(),
             ca,
             upstream_ca_files: config.upstream_ca_files.clone(),
@@ -600,7 +623,18 @@ mod tests {
         assert_eq!(s.admin_listen.to_string(), DEFAULT_ADMIN_LISTEN);
         assert_eq!(s.intercept, InterceptMode::BoundHosts);
         assert_eq!(s.ca, CaSource::Generate);
+        assert_eq!(s.worker_threads, DEFAULT_WORKER_THREADS);
         assert!(s.secrets.is_empty());
+    }
+
+    #[test]
+    fn worker_threads_is_bounded() {
+        assert_eq!(settings("worker_threads = 4").expect("valid").worker_threads, 4);
+        for bad in ["worker_threads = 0", "worker_threads = -1", "worker_threads = 100000"] {
+            let errs = settings(bad).expect_err(bad);
+            assert!(errs.to_string().contains("must be between 1 and 256"), "{bad}: {errs}");
+            assert_eq!(keys(errs), vec!["worker_threads"], "{bad}");
+        }
     }
 
     #[test]

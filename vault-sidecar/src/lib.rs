@@ -19,6 +19,7 @@ pub mod headers;
 pub mod hosts;
 pub mod intercept;
 pub mod listener;
+pub mod logwriter;
 pub mod metrics;
 pub mod proxy;
 pub mod rewrite;

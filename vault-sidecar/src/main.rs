@@ -5,6 +5,7 @@ use std::process::ExitCode;
 
 use clap::{Parser, Subcommand};
 use lap_vault_sidecar::config::{read_config, Settings};
+use lap_vault_sidecar::logwriter;
 
 /// jemalloc with background purging: memory freed after a burst of connections (10k silent
 /// CONNECTs, say) goes back to the OS within seconds instead of staying resident in glibc arenas.
@@ -53,7 +54,11 @@ fn main() -> ExitCode {
     }
     // Held until main returns: dropping it flushes the lines still queued for stdout.
     let _log_flush = init_logging();
-    let runtime = match tokio::runtime::Runtime::new() {
+    let runtime = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(settings.worker_threads)
+        .enable_all()
+        .build();
+    let runtime = match runtime {
         Ok(rt) => rt,
         Err(e) => {
             eprintln!("vault-sidecar: cannot start the runtime: {e}");
@@ -94,24 +99,28 @@ async fn terminated() {
     }
 }
 
-/// JSON lines on stdout, written by a dedicated thread (tracing-appender) so that a request's audit
-/// line costs its formatting, not a `write(2)` on the proxy's hot path; lines queued together go out in
-/// one write. The queue never drops lines:
-/// when stdout can't keep up, logging blocks (`lossy(false)`) rather than losing audit events.
-fn init_logging() -> tracing_appender::non_blocking::WorkerGuard {
-    let (writer, guard) = tracing_appender::non_blocking::NonBlockingBuilder::default()
-        .lossy(false)
-        .thread_name("vault-sidecar-log")
-        .finish(std::io::BufWriter::new(std::io::stdout()));
+/// JSON lines on stdout, written in batches by a dedicated thread ([`logwriter`]): a request's audit
+/// line costs its formatting and an append to a buffer, not a `write(2)` or a thread wake-up. Lines
+/// are never dropped (writers wait when stdout can't keep up); dropping the guard writes the rest.
+fn init_logging() -> Option<logwriter::FlushGuard> {
     let filter = std::env::var("LAP_LOG")
         .or_else(|_| std::env::var("RUST_LOG"))
         .unwrap_or_else(|_| "info".to_owned());
-    tracing_subscriber::fmt()
+    let subscriber = tracing_subscriber::fmt()
         .json()
         .flatten_event(true)
         .with_current_span(false)
-        .with_env_filter(tracing_subscriber::EnvFilter::new(filter))
-        .with_writer(writer)
-        .init();
-    guard
+        .with_env_filter(tracing_subscriber::EnvFilter::new(filter));
+    match logwriter::batched(std::io::stdout(), logwriter::FLUSH_DELAY) {
+        Ok((writer, guard)) => {
+            subscriber.with_writer(writer).init();
+            Some(guard)
+        }
+        Err(e) => {
+            // No thread for the writer: write each line directly instead.
+            subscriber.with_writer(std::io::stdout).init();
+            tracing::warn!(error = %e, "cannot start the log writer thread; logging synchronously");
+            None
+        }
+    }
 }

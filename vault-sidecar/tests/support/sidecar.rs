@@ -35,6 +35,10 @@ impl SecretSpec {
     }
 }
 
+/// Quiet time after which the sidecar's stdout counts as settled: ten of its batching delays.
+pub const LOG_SETTLE: Duration =
+    Duration::from_millis(10 * lap_vault_sidecar::logwriter::FLUSH_DELAY.as_millis() as u64);
+
 /// Everything the tests vary in the sidecar config; `listen`, `admin_listen` and `ca_cert_path` are filled in
 /// by [`Sidecar::start`].
 #[derive(Clone, Debug, Default)]
@@ -304,9 +308,21 @@ impl Sidecar {
         format!("http://{}", self.proxy)
     }
 
-    /// Captured stdout (JSON log lines).
+    /// Captured stdout (JSON log lines), once it has settled: the sidecar writes its log in batches
+    /// (`logwriter::FLUSH_DELAY` after a batch's first line), so a read right after a request could
+    /// miss that request's lines. Reads until two reads [`LOG_SETTLE`] apart agree.
     pub fn stdout(&self) -> String {
-        std::fs::read_to_string(&self.stdout_path).unwrap_or_default()
+        let read = || std::fs::read_to_string(&self.stdout_path).unwrap_or_default();
+        let deadline = Instant::now() + Duration::from_secs(10);
+        let mut last = read();
+        loop {
+            std::thread::sleep(LOG_SETTLE);
+            let now = read();
+            if now == last || Instant::now() > deadline {
+                return now;
+            }
+            last = now;
+        }
     }
 
     pub fn stderr(&self) -> String {
