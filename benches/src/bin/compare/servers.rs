@@ -194,7 +194,19 @@ hosts = ["localhost", "127.0.0.1"]
     let mut server = spawn("vault-sidecar", Command::new(bin).arg("--config").arg(&conf_path), &log)?;
     wait_listening(&mut server, admin, &log)?;
     wait_listening(&mut server, proxy, &log)?;
-    let ca_pem = std::fs::read_to_string(dir.join("sidecar-ca.pem")).context("sidecar CA")?;
+    // The ports are bound before the CA file is written (then /readyz turns 200): wait for the file.
+    let ca_path = dir.join("sidecar-ca.pem");
+    let deadline = Instant::now() + Duration::from_secs(60);
+    let ca_pem = loop {
+        match std::fs::read_to_string(&ca_path) {
+            Ok(pem) if pem.contains("END CERTIFICATE") => break pem,
+            _ if Instant::now() < deadline => std::thread::sleep(Duration::from_millis(50)),
+            r => {
+                r.with_context(|| format!("sidecar CA {}", ca_path.display()))?;
+                bail!("sidecar CA {}: no certificate after 60 s", ca_path.display());
+            }
+        }
+    };
     Ok(Sidecar {
         server,
         proxy,
