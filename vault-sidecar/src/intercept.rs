@@ -97,9 +97,11 @@ where
         target,
         misdirected,
     });
+    // Boxed: the request's future is ~3 KB, and hyper moves it (into the h1 dispatcher's slot, into a
+    // task per h2 stream) — by value that is a memcpy of all of it each time.
     let service = service_fn(move |req| {
         let tunnel = tunnel.clone();
-        async move { Ok::<_, Infallible>(tunnel.handle(req).await) }
+        Box::pin(async move { Ok::<_, Infallible>(tunnel.handle(req).await) })
     });
     let io = TokioIo::new(tls);
     let result = if h2 {
