@@ -3,9 +3,11 @@
 //! *names* only.
 
 use std::collections::VecDeque;
-use std::sync::Mutex;
+use std::sync::{Mutex, OnceLock};
 
 use serde::Serialize;
+
+use crate::logwriter::BatchWriter;
 
 /// How many events `GET /interceptions` keeps.
 pub const AUDIT_CAPACITY: usize = 1000;
@@ -58,6 +60,68 @@ pub fn path_without_query_values(pq: &str) -> String {
     }
 }
 
+/// Where audit lines go when the binary set it up ([`write_lines_to`]); otherwise through `tracing`.
+static LINES: OnceLock<BatchWriter> = OnceLock::new();
+
+/// Write audit lines straight to `writer` (the log's own writer), serialized from the event with
+/// serde instead of through `tracing`'s field visitor: that path validated every JSON fragment as
+/// UTF-8 on its way into the line (callgrind: ~10 % of a small request's instructions). The line keeps
+/// the log's envelope (`timestamp`, `level`, `target`, `message`) and is filtered like any `audit`
+/// event (`LAP_LOG=audit=off` silences it).
+pub fn write_lines_to(writer: BatchWriter) {
+    let _ = LINES.set(writer);
+}
+
+/// One audit log line.
+#[derive(Serialize)]
+struct Line<'a> {
+    timestamp: &'a str,
+    level: &'static str,
+    target: &'static str,
+    message: &'static str,
+    #[serde(flatten)]
+    event: &'a AuditEvent,
+}
+
+fn log(event: &AuditEvent) {
+    if !tracing::enabled!(target: "audit", tracing::Level::INFO) {
+        return;
+    }
+    if let Some(out) = LINES.get() {
+        let line = Line {
+            timestamp: &event.time,
+            level: "INFO",
+            target: "audit",
+            message: "audit",
+            event,
+        };
+        let mut buf = Vec::with_capacity(512);
+        if serde_json::to_writer(&mut buf, &line).is_ok() {
+            buf.push(b'\n');
+            out.append(&buf);
+        }
+        return;
+    }
+    let injected = serde_json::to_string(&event.injected).unwrap_or_default();
+    tracing::info!(
+        target: "audit",
+        time = %event.time,
+        method = %event.method,
+        host = %event.host,
+        port = event.port,
+        path = %event.path,
+        status = event.status,
+        injected = %injected,
+        blocked = event.blocked,
+        blocked_secret = event.blocked_secret.as_deref(),
+        error = event.error,
+        bytes_up = event.bytes_up,
+        bytes_down = event.bytes_down,
+        duration_ms = event.duration_ms,
+        "audit"
+    );
+}
+
 /// The ring buffer behind `GET /interceptions`.
 #[derive(Debug, Default)]
 pub struct AuditLog {
@@ -67,24 +131,7 @@ pub struct AuditLog {
 impl AuditLog {
     /// Log the event as a JSON line and keep it.
     pub fn record(&self, event: AuditEvent) {
-        let injected = serde_json::to_string(&event.injected).unwrap_or_default();
-        tracing::info!(
-            target: "audit",
-            time = %event.time,
-            method = %event.method,
-            host = %event.host,
-            port = event.port,
-            path = %event.path,
-            status = event.status,
-            injected = %injected,
-            blocked = event.blocked,
-            blocked_secret = event.blocked_secret.as_deref(),
-            error = event.error,
-            bytes_up = event.bytes_up,
-            bytes_down = event.bytes_down,
-            duration_ms = event.duration_ms,
-            "audit"
-        );
+        log(&event);
         let mut events = self.events.lock().unwrap_or_else(|p| p.into_inner());
         if events.len() == AUDIT_CAPACITY {
             events.pop_front();

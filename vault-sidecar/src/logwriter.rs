@@ -108,8 +108,9 @@ fn drain<W: Write>(shared: &Shared, mut out: W, delay: Duration) {
     }
 }
 
-impl Write for BatchWriter {
-    fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
+impl BatchWriter {
+    /// Queue `buf` (whole lines) for stdout; waits only while [`MAX_PENDING`] bytes are waiting.
+    pub fn append(&self, buf: &[u8]) {
         let mut st = self.shared.lock();
         while st.pending.len() >= MAX_PENDING && !st.closing {
             st = self.shared.taken.wait(st).unwrap_or_else(|p| p.into_inner());
@@ -120,6 +121,12 @@ impl Write for BatchWriter {
         if wake {
             self.shared.wake.notify_one();
         }
+    }
+}
+
+impl Write for BatchWriter {
+    fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
+        self.append(buf);
         Ok(buf.len())
     }
 

@@ -113,6 +113,7 @@ fn init_logging() -> Option<logwriter::FlushGuard> {
         .with_env_filter(tracing_subscriber::EnvFilter::new(filter));
     match logwriter::batched(std::io::stdout(), logwriter::FLUSH_DELAY) {
         Ok((writer, guard)) => {
+            lap_vault_sidecar::audit::write_lines_to(writer.clone());
             subscriber.with_writer(writer).init();
             Some(guard)
         }

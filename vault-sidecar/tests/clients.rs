@@ -381,9 +381,22 @@ async fn audit_line_per_intercepted_request() {
         "exactly one audit line naming host, path and injected secret: {}",
         h.sidecar.stdout()
     );
-    let line = lines[0].to_string();
-    assert!(line.contains("GET"), "{line}");
-    assert!(line.contains("200"), "{line}");
+    // The line has the shape of the event in /interceptions, inside the log's envelope.
+    let event = &lines[0];
+    assert_eq!(event["target"], "audit", "{event}");
+    assert_eq!(event["level"], "INFO", "{event}");
+    assert_eq!(event["method"], "GET", "{event}");
+    assert_eq!(event["host"], "api.anthropic.com", "{event}");
+    assert_eq!(event["port"], 443, "{event}");
+    assert_eq!(event["path"], "/echo?key=", "{event}");
+    assert_eq!(event["status"], 200, "{event}");
+    assert_eq!(
+        event["injected"],
+        serde_json::json!([{"secret": "ANTHROPIC_API_KEY", "location": "header"}]),
+        "{event}"
+    );
+    assert!(event["bytes_down"].as_u64().is_some_and(|n| n > 0), "{event}");
+    assert!(event["time"].as_str().is_some_and(|t| t.ends_with('Z')), "{event}");
     let stdout = h.sidecar.stdout();
     assert!(
         !stdout.contains("QUERY_VALUE_NOT_LOGGED"),
