@@ -29,9 +29,24 @@ fn connection_tokens(headers: &HeaderMap) -> impl Iterator<Item = &str> {
         .filter(|t| !t.is_empty())
 }
 
+/// Whether `name` is hop-by-hop by itself (headers named by `Connection` are only hop-by-hop when a
+/// `Connection` header is present, and it is one of these).
+fn is_hop_by_hop(name: &HeaderName) -> bool {
+    name == header::CONNECTION
+        || name == header::TE
+        || name == header::UPGRADE
+        || FIXED.contains(name)
+        || name.as_str() == "proxy-connection"
+        || name.as_str() == "keep-alive"
+}
+
 /// Remove hop-by-hop headers in place. With `keep_upgrade`, `Upgrade` and `Connection: upgrade`
 /// survive (the WebSocket handshake needs both).
 pub fn strip_hop_by_hop(headers: &mut HeaderMap, keep_upgrade: bool) {
+    // Most messages carry none: one pass over the names instead of a removal (a hash) per name.
+    if !keep_upgrade && !headers.keys().any(is_hop_by_hop) {
+        return;
+    }
     let named: Vec<HeaderName> = connection_tokens(headers)
         .filter(|t| !(keep_upgrade && t.eq_ignore_ascii_case("upgrade")))
         .filter_map(|t| HeaderName::from_bytes(t.as_bytes()).ok())
@@ -74,6 +89,20 @@ mod tests {
             );
         }
         h
+    }
+
+    #[test]
+    fn messages_without_hop_by_hop_headers_are_unchanged_and_any_one_triggers_stripping() {
+        let plain = map(&[("content-type", "text/plain"), ("x-api-key", "k"), ("accept", "*/*")]);
+        let mut h = plain.clone();
+        strip_hop_by_hop(&mut h, false);
+        assert_eq!(h, plain);
+        for hop in ["connection", "te", "upgrade", "keep-alive", "proxy-connection", "transfer-encoding", "trailer"] {
+            let mut h = plain.clone();
+            h.insert(HeaderName::from_static(hop), HeaderValue::from_static("x"));
+            strip_hop_by_hop(&mut h, false);
+            assert_eq!(h, plain, "{hop} stayed");
+        }
     }
 
     #[test]

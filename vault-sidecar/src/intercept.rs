@@ -137,19 +137,32 @@ struct Tunnel {
 
 /// Whether a request's authority (h2 `:authority`, else `Host`) names the CONNECT target.
 fn authority_matches(req: &Request<Incoming>, target: &Target) -> bool {
+    let from_host;
     let authority = match req.uri().authority() {
-        Some(a) => Some((a.host().to_owned(), a.port_u16())),
-        None => req
+        Some(a) => a,
+        None => match req
             .headers()
             .get(header::HOST)
             .and_then(|h| h.to_str().ok())
             .and_then(|h| h.parse::<http::uri::Authority>().ok())
-            .map(|a| (a.host().to_owned(), a.port_u16())),
+        {
+            Some(a) => {
+                from_host = a;
+                &from_host
+            }
+            // HTTP/1.0 clients may omit Host; the CONNECT target then stands.
+            None => return req.version() < Version::HTTP_11,
+        },
     };
-    match authority {
-        // HTTP/1.0 clients may omit Host; the CONNECT target then stands.
-        None => req.version() < Version::HTTP_11,
-        Some((host, port)) => TargetHost::parse(&host) == target.host && port.is_none_or(|p| p == target.port),
+    authority.port_u16().is_none_or(|p| p == target.port) && host_matches(authority.host(), &target.host)
+}
+
+/// `host` (as written in a request) names `target`. The common case, the name exactly as the
+/// CONNECT target had it, is a case-insensitive comparison; anything else is parsed and normalized.
+fn host_matches(host: &str, target: &TargetHost) -> bool {
+    match target {
+        TargetHost::Name(name) if host.eq_ignore_ascii_case(name) => true,
+        _ => TargetHost::parse(host) == *target,
     }
 }
 
@@ -669,4 +682,26 @@ pub fn humantime_now() -> String {
     let now = time::OffsetDateTime::now_utc();
     now.format(&time::format_description::well_known::Rfc3339)
         .unwrap_or_default()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn host_matches_the_target_as_written_or_normalized() {
+        let name = TargetHost::parse("api.anthropic.com");
+        for same in ["api.anthropic.com", "API.Anthropic.COM", "api.anthropic.com."] {
+            assert!(host_matches(same, &name), "{same}");
+        }
+        for other in ["api.anthropic.co", "evil.example", "api.anthropic.com.evil.example", ""] {
+            assert!(!host_matches(other, &name), "{other}");
+        }
+        let ip = TargetHost::parse("127.0.0.1");
+        for same in ["127.0.0.1", "0x7f.0.0.1", "2130706433"] {
+            assert!(host_matches(same, &ip), "{same}");
+        }
+        assert!(!host_matches("127.0.0.2", &ip));
+        assert!(host_matches("[::1]", &TargetHost::parse("::1")));
+    }
 }

@@ -124,8 +124,7 @@ impl<'a> HostRules<'a> {
                 })
             })
             .collect();
-        let patterns = self.set.secrets().iter().map(|s| Bytes::from(s.stub.clone())).collect();
-        any.then(|| StreamRewriter::new(ac.clone(), patterns, replacements))
+        any.then(|| StreamRewriter::new(ac.clone(), self.set.stub_bytes().clone(), replacements))
     }
 
     fn exfiltration(&self, secret: usize, location: Location) -> Exfiltration {
@@ -197,14 +196,9 @@ pub fn redact_value(set: &SecretSet, value: &[u8]) -> Option<Vec<u8>> {
 
 /// A streaming redactor for a response body (real values → stubs), if any value is redactable.
 pub fn redactor(set: &SecretSet) -> Option<StreamRewriter> {
-    let (ac, ids) = set.value_automaton()?;
-    let secrets = set.secrets();
-    let patterns = ids.iter().map(|&i| Bytes::from(secrets[i].value.clone())).collect();
-    let replacements = ids
-        .iter()
-        .map(|&i| Some(Bytes::from(secrets[i].stub.clone())))
-        .collect();
-    Some(StreamRewriter::new(ac.clone(), patterns, replacements))
+    let (ac, _) = set.value_automaton()?;
+    let (patterns, replacements) = set.redaction();
+    Some(StreamRewriter::new(ac.clone(), patterns.clone(), replacements.clone()))
 }
 
 /// Streaming multi-pattern replacement with the output of a one-shot leftmost-longest replacement.
@@ -216,9 +210,9 @@ pub fn redactor(set: &SecretSet) -> Option<StreamRewriter> {
 pub struct StreamRewriter {
     ac: Arc<Finder>,
     /// Pattern bytes by pattern id (for the hold-back check).
-    patterns: Vec<Bytes>,
+    patterns: Arc<[Bytes]>,
     /// Replacement by pattern id; `None` leaves that pattern's matches as they are.
-    replacements: Vec<Option<Bytes>>,
+    replacements: Arc<[Option<Bytes>]>,
     max_len: usize,
     carry: BytesMut,
     /// Number of replacements made, by pattern id.
@@ -227,7 +221,12 @@ pub struct StreamRewriter {
 
 impl StreamRewriter {
     /// `patterns[i]` must be the `i`th pattern of `ac`.
-    pub fn new(ac: impl Into<Arc<Finder>>, patterns: Vec<Bytes>, replacements: Vec<Option<Bytes>>) -> Self {
+    pub fn new(
+        ac: impl Into<Arc<Finder>>,
+        patterns: impl Into<Arc<[Bytes]>>,
+        replacements: impl Into<Arc<[Option<Bytes>]>>,
+    ) -> Self {
+        let (patterns, replacements) = (patterns.into(), replacements.into());
         let max_len = patterns.iter().map(Bytes::len).max().unwrap_or(0);
         let hits = vec![0; patterns.len()];
         Self {
@@ -555,10 +554,10 @@ mod tests {
             let replace = &replace[..patterns.len()];
             // The production searcher (Teddy where available) against the plain automaton in `one_shot`.
             let ac = Finder::new(&patterns).expect("finder");
-            let reps = (0..patterns.len())
+            let reps: Vec<Option<Bytes>> = (0..patterns.len())
                 .map(|i| replace[i].then(|| Bytes::from(format!("<{i}>"))))
                 .collect();
-            let mut rw = StreamRewriter::new(ac, patterns.iter().map(|p| Bytes::from(p.clone())).collect(), reps);
+            let mut rw = StreamRewriter::new(ac, patterns.iter().map(|p| Bytes::from(p.clone())).collect::<Vec<_>>(), reps);
             let mut cuts: Vec<usize> = cuts.into_iter().map(|c| c.min(text.len())).collect();
             cuts.sort();
             let mut out = Vec::new();

@@ -8,6 +8,8 @@ use std::str::FromStr;
 
 use std::sync::Arc;
 
+use bytes::Bytes;
+
 use aho_corasick::{packed, AhoCorasick, AhoCorasickBuilder, AhoCorasickKind, MatchKind};
 
 use crate::hosts::{HostSet, TargetHost};
@@ -102,6 +104,11 @@ pub struct SecretSet {
     /// Pattern `j` is `secrets[redact_ids[j]].value`.
     values: Option<Arc<Finder>>,
     redact_ids: Vec<usize>,
+    /// Every stub's bytes, by secret index (the body rewriter's patterns), built once per set.
+    stub_bytes: Arc<[Bytes]>,
+    /// The redactor's patterns (`secrets[redact_ids[j]].value`) and replacements (their stubs).
+    redact_values: Arc<[Bytes]>,
+    redact_stubs: Arc<[Option<Bytes>]>,
     bound: HostSet,
 }
 
@@ -193,11 +200,20 @@ impl SecretSet {
             .collect();
         let values = Finder::new(redact_ids.iter().map(|&i| secrets[i].value.as_bytes())).map(Arc::new);
         let bound = HostSet(secrets.iter().flat_map(|s| s.hosts.0.iter().cloned()).collect());
+        let stub_bytes = secrets.iter().map(|s| Bytes::from(s.stub.clone())).collect();
+        let redact_values = redact_ids.iter().map(|&i| Bytes::from(secrets[i].value.clone())).collect();
+        let redact_stubs = redact_ids
+            .iter()
+            .map(|&i| Some(Bytes::from(secrets[i].stub.clone())))
+            .collect();
         Self {
             secrets,
             stubs,
             values,
             redact_ids,
+            stub_bytes,
+            redact_values,
+            redact_stubs,
             bound,
         }
     }
@@ -228,6 +244,16 @@ impl SecretSet {
     /// Automaton over the redactable real values, and the secret index of each pattern.
     pub fn value_automaton(&self) -> Option<(&Arc<Finder>, &[usize])> {
         self.values.as_ref().map(|ac| (ac, self.redact_ids.as_slice()))
+    }
+
+    /// Every stub's bytes, by secret index.
+    pub fn stub_bytes(&self) -> &Arc<[Bytes]> {
+        &self.stub_bytes
+    }
+
+    /// The redactor's patterns (real values, in [`SecretSet::value_automaton`]'s order) and their stubs.
+    pub fn redaction(&self) -> (&Arc<[Bytes]>, &Arc<[Option<Bytes>]>) {
+        (&self.redact_values, &self.redact_stubs)
     }
 
     /// Every host pattern some secret is bound to.
