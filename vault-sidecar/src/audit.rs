@@ -72,31 +72,21 @@ pub fn write_lines_to(writer: BatchWriter) {
     let _ = LINES.set(writer);
 }
 
-/// One audit log line.
-#[derive(Serialize)]
-struct Line<'a> {
-    timestamp: &'a str,
-    level: &'static str,
-    target: &'static str,
-    message: &'static str,
-    #[serde(flatten)]
-    event: &'a AuditEvent,
-}
-
 fn log(event: &AuditEvent) {
     if !tracing::enabled!(target: "audit", tracing::Level::INFO) {
         return;
     }
     if let Some(out) = LINES.get() {
-        let line = Line {
-            timestamp: &event.time,
-            level: "INFO",
-            target: "audit",
-            message: "audit",
-            event,
-        };
+        // The log's envelope, then the event's own fields (its object without the opening brace).
         let mut buf = Vec::with_capacity(512);
-        if serde_json::to_writer(&mut buf, &line).is_ok() {
+        buf.extend_from_slice(b"{\"timestamp\":");
+        if serde_json::to_writer(&mut buf, &event.time).is_err() {
+            return;
+        }
+        buf.extend_from_slice(br#","level":"INFO","target":"audit","message":"audit","#);
+        let fields = buf.len();
+        if serde_json::to_writer(&mut buf, event).is_ok() {
+            buf.remove(fields); // the event's `{`
             buf.push(b'\n');
             out.append(&buf);
         }

@@ -92,9 +92,11 @@ where
         Err(_) => return,
     };
     let h2 = tls.get_ref().1.alpn_protocol() == Some(b"h2");
+    let authority = target.uri_authority(443).parse().ok();
     let tunnel = Arc::new(Tunnel {
         proxy,
         target,
+        authority,
         misdirected,
     });
     // Boxed: the request's future is ~3 KB, and hyper moves it (into the h1 dispatcher's slot, into a
@@ -131,6 +133,8 @@ where
 struct Tunnel {
     proxy: Arc<Proxy>,
     target: Target,
+    /// The target as an `https` URI authority (port omitted when 443), parsed once per tunnel.
+    authority: Option<http::uri::Authority>,
     /// The ClientHello's SNI named another host: every request gets `421`.
     misdirected: bool,
 }
@@ -237,9 +241,18 @@ impl Tunnel {
             Ok(swapped) => swapped.unwrap_or(pq),
             Err(ex) => return self.exfiltration(ex, record, &secrets, &exchange),
         };
-        let uri: Uri = match format!("https://{}{pq}", self.target.uri_authority(443)).parse() {
-            Ok(u) => u,
-            Err(_) => return answer::bad_request("the request target is not a valid URI"),
+        let uri = match (&self.authority, http::uri::PathAndQuery::try_from(pq)) {
+            (Some(authority), Ok(pq)) => {
+                let mut uri = http::uri::Parts::default();
+                uri.scheme = Some(http::uri::Scheme::HTTPS);
+                uri.authority = Some(authority.clone());
+                uri.path_and_query = Some(pq);
+                Uri::from_parts(uri).ok()
+            }
+            _ => None,
+        };
+        let Some(uri) = uri else {
+            return answer::bad_request("the request target is not a valid URI");
         };
 
         // Headers: hop-by-hop out, then every value swapped (before any body byte moves).
@@ -536,6 +549,7 @@ impl Tunnel {
             let tunnel = Tunnel {
                 proxy: proxy.clone(),
                 target,
+                authority: None,
                 misdirected: false,
             };
             for (j, n) in redaction_hits.iter().enumerate().filter(|(_, n)| **n > 0) {
