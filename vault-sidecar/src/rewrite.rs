@@ -306,7 +306,10 @@ impl StreamRewriter {
             .rev()
             .find(|&k| {
                 let suffix = &buf[buf.len() - k..];
-                self.patterns.iter().any(|p| p.len() > k && p.starts_with(suffix))
+                // First byte before the comparison: most suffixes start with no pattern's first byte.
+                self.patterns
+                    .iter()
+                    .any(|p| p.len() > k && p[0] == suffix[0] && p.starts_with(suffix))
             })
             .unwrap_or(0)
     }
