@@ -56,6 +56,9 @@ struct Args {
     /// Which routes to run (for profiling one of them); the report needs all three.
     #[arg(long, default_value = "DPM")]
     routes: String,
+    /// Which protocols the latency and requests/s rows use (for profiling one of them): `h1`, `h2` or both.
+    #[arg(long, value_delimiter = ',', default_value = "h1,h2")]
+    protocols: Vec<String>,
     /// Skip the sidecar-only checks (first CONNECTs, idle tunnels).
     #[arg(long)]
     no_sidecar_checks: bool,
@@ -150,7 +153,13 @@ async fn run(args: Args) -> Result<()> {
     let mut nagle: Vec<(Proto, f64, f64)> = Vec::new();
     let metrics_before = scrape(sidecar.admin).await?;
 
-    for proto in [Proto::H1, Proto::H2] {
+    for name in &args.protocols {
+        ensure!(name == "h1" || name == "h2", "--protocols: `{name}` is neither h1 nor h2");
+    }
+    let protos = [Proto::H1, Proto::H2]
+        .into_iter()
+        .filter(|p| args.protocols.iter().any(|n| (n == "h1") == (*p == Proto::H1)));
+    for proto in protos {
         let tag = if proto == Proto::H1 { "http/1.1" } else { "h2" };
         let mut lat: [Option<Samples>; 3] = [None, None, None];
         let mut rps = [None; 3];
