@@ -118,9 +118,10 @@ async fn run(args: Args) -> Result<()> {
         .as_ref()
         .map_or((None, String::new()), |(_, a, ca)| (Some(*a), ca.clone()));
     eprintln!(
-        "nginx on :{port}, sidecar on {} (pid {}), mitmproxy on {mitm_addr:?}",
+        "nginx on :{port}, sidecar on {} (pid {}, admin {}), mitmproxy on {mitm_addr:?}",
         sidecar.proxy,
-        sidecar.server.pid()
+        sidecar.server.pid(),
+        sidecar.admin
     );
 
     let routes = [
