@@ -97,7 +97,15 @@ mod tests {
         let mut h = plain.clone();
         strip_hop_by_hop(&mut h, false);
         assert_eq!(h, plain);
-        for hop in ["connection", "te", "upgrade", "keep-alive", "proxy-connection", "transfer-encoding", "trailer"] {
+        for hop in [
+            "connection",
+            "te",
+            "upgrade",
+            "keep-alive",
+            "proxy-connection",
+            "transfer-encoding",
+            "trailer",
+        ] {
             let mut h = plain.clone();
             h.insert(HeaderName::from_static(hop), HeaderValue::from_static("x"));
             strip_hop_by_hop(&mut h, false);

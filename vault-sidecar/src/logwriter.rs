@@ -58,12 +58,10 @@ pub struct FlushGuard {
 /// Start the writer thread for `out`; lines reach `out` within about `delay` of being written.
 pub fn batched<W: Write + Send + 'static>(out: W, delay: Duration) -> std::io::Result<(BatchWriter, FlushGuard)> {
     let shared = Arc::new(Shared::default());
-    let thread = std::thread::Builder::new()
-        .name("vault-sidecar-log".into())
-        .spawn({
-            let shared = shared.clone();
-            move || drain(&shared, out, delay)
-        })?;
+    let thread = std::thread::Builder::new().name("vault-sidecar-log".into()).spawn({
+        let shared = shared.clone();
+        move || drain(&shared, out, delay)
+    })?;
     Ok((
         BatchWriter { shared: shared.clone() },
         FlushGuard {
@@ -198,7 +196,11 @@ mod tests {
         let lines: Vec<&str> = text.lines().collect();
         assert_eq!(lines.len(), 1000);
         for t in 0..4 {
-            let mine: Vec<&str> = lines.iter().copied().filter(|l| l.starts_with(&format!("thread {t} "))).collect();
+            let mine: Vec<&str> = lines
+                .iter()
+                .copied()
+                .filter(|l| l.starts_with(&format!("thread {t} ")))
+                .collect();
             let want: Vec<String> = (0..250).map(|i| format!("thread {t} line {i}")).collect();
             assert_eq!(mine, want, "thread {t}'s lines whole and in order");
         }
@@ -229,6 +231,9 @@ mod tests {
         let started = Instant::now();
         drop(guard);
         assert_eq!(sink.0.lock().unwrap().0, b"a\nb\n");
-        assert!(started.elapsed() < Duration::from_secs(60), "close waited out the delay");
+        assert!(
+            started.elapsed() < Duration::from_secs(60),
+            "close waited out the delay"
+        );
     }
 }

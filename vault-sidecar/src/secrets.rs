@@ -201,7 +201,10 @@ impl SecretSet {
         let values = Finder::new(redact_ids.iter().map(|&i| secrets[i].value.as_bytes())).map(Arc::new);
         let bound = HostSet(secrets.iter().flat_map(|s| s.hosts.0.iter().cloned()).collect());
         let stub_bytes = secrets.iter().map(|s| Bytes::from(s.stub.clone())).collect();
-        let redact_values = redact_ids.iter().map(|&i| Bytes::from(secrets[i].value.clone())).collect();
+        let redact_values = redact_ids
+            .iter()
+            .map(|&i| Bytes::from(secrets[i].value.clone()))
+            .collect();
         let redact_stubs = redact_ids
             .iter()
             .map(|&i| Some(Bytes::from(secrets[i].stub.clone())))

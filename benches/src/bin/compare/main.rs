@@ -155,7 +155,10 @@ async fn run(args: Args) -> Result<()> {
     let metrics_before = scrape(sidecar.admin).await?;
 
     for name in &args.protocols {
-        ensure!(name == "h1" || name == "h2", "--protocols: `{name}` is neither h1 nor h2");
+        ensure!(
+            name == "h1" || name == "h2",
+            "--protocols: `{name}` is neither h1 nor h2"
+        );
     }
     let protos = [Proto::H1, Proto::H2]
         .into_iter()

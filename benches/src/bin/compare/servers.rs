@@ -290,7 +290,9 @@ pub(crate) fn cpu_ns(pid: u32) -> Result<u64> {
     for task in std::fs::read_dir(format!("/proc/{pid}/task"))? {
         let path = task?.path().join("schedstat");
         // A thread may end between the listing and the read.
-        let Ok(stat) = std::fs::read_to_string(&path) else { continue };
+        let Ok(stat) = std::fs::read_to_string(&path) else {
+            continue;
+        };
         total += stat
             .split_whitespace()
             .next()
