@@ -499,7 +499,7 @@ impl Tunnel {
                 class: status_class(status),
             })
             .inc();
-        let event = self.event(&record, secrets, exchange, status, blocked, error, None);
+        let event = Self::event(&self.target, &record, secrets, exchange, status, blocked, error, None);
         self.proxy.audit.record(event);
         resp
     }
@@ -541,17 +541,8 @@ impl Tunnel {
         let target = self.target.clone();
         let secrets_for_end = secrets.clone();
         let exchange_for_end = exchange.clone();
-        let redact_ids: Vec<usize> = secrets
-            .value_automaton()
-            .map(|(_, ids)| ids.to_vec())
-            .unwrap_or_default();
         let on_end: crate::body::OnEnd = Box::new(move |redaction_hits: &[u64]| {
-            let tunnel = Tunnel {
-                proxy: proxy.clone(),
-                target,
-                authority: None,
-                misdirected: false,
-            };
+            let redact_ids = secrets_for_end.value_automaton().map_or(&[][..], |(_, ids)| ids);
             for (j, n) in redaction_hits.iter().enumerate().filter(|(_, n)| **n > 0) {
                 let secret = secrets_for_end.secrets()[redact_ids[j]].name.clone();
                 proxy
@@ -579,7 +570,8 @@ impl Tunnel {
                     })
                     .inc_by(*n);
             }
-            let event = tunnel.event(
+            let event = Self::event(
+                &target,
                 &record,
                 &secrets_for_end,
                 &exchange_for_end,
@@ -621,7 +613,7 @@ impl Tunnel {
 
     #[allow(clippy::too_many_arguments)]
     fn event(
-        &self,
+        target: &Target,
         record: &Record,
         secrets: &SecretSet,
         exchange: &Exchange,
@@ -648,8 +640,8 @@ impl Tunnel {
         AuditEvent {
             time: humantime_now(),
             method: record.method.to_string(),
-            host: self.target.host.to_string(),
-            port: self.target.port,
+            host: target.host.to_string(),
+            port: target.port,
             path: record.path.clone(),
             status,
             injected,
