@@ -16,11 +16,11 @@ if [ "${#missing[@]}" -gt 0 ]; then
 fi
 # nginx's package starts a system nginx on :80; the comparison runs its own, so that one may stay.
 
-venv=target/bench-venv
+venv=${CARGO_TARGET_DIR:-target}/bench-venv
 if [ ! -x "$venv/bin/mitmdump" ]; then
   python3 -m venv "$venv"
   "$venv/bin/pip" install --quiet --disable-pip-version-check mitmproxy
 fi
 
 cargo build --release --locked -p lap-vault-sidecar -p lap-benches --bins
-exec target/release/compare --mitmdump "$venv/bin/mitmdump" "$@"
+exec "${CARGO_TARGET_DIR:-target}/release/compare" --mitmdump "$venv/bin/mitmdump" "$@"

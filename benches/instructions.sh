@@ -13,16 +13,18 @@ command -v valgrind >/dev/null || {
   $sudo_ apt-get update -qq && DEBIAN_FRONTEND=noninteractive $sudo_ apt-get install -y -qq valgrind >/dev/null
 }
 cargo build --release --locked -p lap-vault-sidecar -p lap-benches --bins
-sidecar=$(realpath "${2:-target/release/vault-sidecar}")
-work=$(mktemp -d target/instructions.XXXXXX)
+out=${CARGO_TARGET_DIR:-target}
+sidecar=$(realpath "${2:-$out/release/vault-sidecar}")
+work=$(mktemp -d "$out/instructions.XXXXXX")
 work=$(realpath "$work")
-trap 'kill "$compare" 2>/dev/null; pkill -f "callgrind-out-file=$work/" 2>/dev/null; true' EXIT
+# compare's own children (nginx, the sidecar under valgrind) first: killed by a signal, compare can't stop them.
+trap 'pkill -P "$compare" 2>/dev/null; kill "$compare" 2>/dev/null; pkill -f "callgrind-out-file=$work/" 2>/dev/null; true' EXIT
 cat > "$work/sidecar" <<EOW
 #!/bin/sh
 exec valgrind --tool=callgrind --callgrind-out-file=$work/callgrind.out "$sidecar" "\$@" 2>$work/valgrind.log
 EOW
 chmod +x "$work/sidecar"
-target/release/compare --routes P --no-sidecar-checks --protocols "$proto" --sidecar "$work/sidecar" \
+"$out/release/compare" --routes P --no-sidecar-checks --protocols "$proto" --sidecar "$work/sidecar" \
   --requests 100000000 > "$work/compare.log" 2>&1 &
 compare=$!
 admin=""
