@@ -73,6 +73,16 @@ pub fn error(status: StatusCode, kind: &'static str, host: &str, reason: &str) -
     )
 }
 
+/// The answer for a failed upstream exchange of `kind` ([`crate::upstream::UpstreamError::kind`]):
+/// an egress refusal decided on the resolved address is a `403` with `X-Vault-Blocked:
+/// egress-policy` like every egress refusal; anything else an error with `X-Vault-Error`.
+pub fn upstream_failure(status: StatusCode, kind: &'static str, host: &str, reason: &str) -> Response<ProxyBody> {
+    if kind == crate::upstream::EGRESS_POLICY {
+        return blocked(BlockReason::EgressPolicy, host, serde_json::json!({ "detail": reason }));
+    }
+    error(status, kind, host, reason)
+}
+
 /// A plain `4xx` for a malformed request to the proxy itself.
 pub fn bad_request(reason: &str) -> Response<ProxyBody> {
     json_response(

@@ -12,7 +12,7 @@ use std::path::{Path, PathBuf};
 
 use serde::{Deserialize, Serialize};
 
-use crate::egress::EgressPolicy;
+use crate::egress::{own_interface_addresses, AddressPolicy, EgressPolicy};
 use crate::hosts::{HostPattern, HostSet};
 use crate::secrets::{Location, LocationSet, Secret};
 
@@ -55,6 +55,13 @@ pub struct SidecarConfig {
     pub secrets_file: Option<PathBuf>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub admin_token_file: Option<PathBuf>,
+    /// Read `{"secrets":[...]}` from standard input once at start, until end of file (an
+    /// inherited pipe: real values never touch a disk).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub secrets_stdin: Option<bool>,
+    /// Written (0600, atomically) once the sidecar is ready: the addresses actually bound.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub ready_file: Option<PathBuf>,
     #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
     pub resolve: BTreeMap<String, String>,
     #[serde(default, skip_serializing_if = "EgressConfig::is_empty")]
@@ -71,11 +78,16 @@ pub struct EgressConfig {
     pub allow: Vec<String>,
     #[serde(default)]
     pub deny: Vec<String>,
+    /// Refuse every target that resolves to this host: loopback, unspecified, link-local, or
+    /// one of its interface addresses (the addresses `[resolve]` names excepted). The local
+    /// backend sets it, so a sandbox reaches no service of the machine it runs on.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub deny_local: bool,
 }
 
 impl EgressConfig {
     pub fn is_empty(&self) -> bool {
-        self.allow.is_empty() && self.deny.is_empty()
+        self.allow.is_empty() && self.deny.is_empty() && !self.deny_local
     }
 }
 
@@ -189,12 +201,21 @@ pub struct Settings {
     pub intercept: InterceptMode,
     pub secrets_file: Option<PathBuf>,
     pub admin_token_file: Option<PathBuf>,
+    /// `secrets_stdin`: the secrets read from standard input at start are in [`Settings::secrets`].
+    pub secrets_stdin: bool,
+    pub ready_file: Option<PathBuf>,
     /// `(host lowercase, port)` → address, like `curl --resolve`.
     pub resolve: HashMap<(String, u16), SocketAddr>,
     pub egress: EgressPolicy,
+    /// The rules applied to resolved addresses at connect time.
+    pub addresses: AddressPolicy,
     /// Secrets given inline in the config file.
     pub inline_secrets: Vec<SecretSpec>,
-    /// Inline secrets plus those of `secrets_file`, validated.
+    /// Secrets given on standard input at start (`secrets_stdin`): kept as the base of the
+    /// set the admin API replaces, updates and revokes (`PUT`/`DELETE /secrets`).
+    pub pushed_secrets: Vec<SecretSpec>,
+    /// Inline secrets plus those of `secrets_file` and standard input, validated: the set the
+    /// sidecar starts with (the proxy takes it; reloads build the next set from the sources).
     pub secrets: Vec<Secret>,
 }
 
@@ -242,6 +263,38 @@ pub fn read_secrets_file(path: &Path) -> Result<Vec<SecretSpec>, ConfigErrors> {
     Ok(file.secrets)
 }
 
+/// Parse the `{"secrets":[...]}` document of `secrets_stdin` (read by the binary).
+pub fn parse_secrets_stdin(bytes: &[u8]) -> Result<Vec<SecretSpec>, ConfigErrors> {
+    if bytes.iter().all(u8::is_ascii_whitespace) {
+        return Ok(Vec::new());
+    }
+    let file: SecretsFile = serde_json::from_slice(bytes).map_err(|e| {
+        one(
+            "secrets_stdin",
+            format!("standard input is not {{\"secrets\":[...]}}: {e}"),
+        )
+    })?;
+    Ok(file.secrets)
+}
+
+/// Validate a set of secrets on its own (the admin API's `PUT /secrets` body), naming each
+/// problem under `key` (`secrets[2].hosts`).
+pub fn validate_secret_specs(key: &str, specs: &[SecretSpec]) -> Result<Vec<Secret>, ConfigErrors> {
+    let mut problems = Problems(Vec::new());
+    let keyed: Vec<(String, &SecretSpec)> = specs
+        .iter()
+        .enumerate()
+        .map(|(i, s)| (format!("{key}[{i}]"), s))
+        .collect();
+    let env = |name: &str| std::env::var(name).ok();
+    let secrets = validate_secrets(&mut problems, &keyed, &env);
+    if problems.0.is_empty() {
+        Ok(secrets)
+    } else {
+        Err(ConfigErrors(problems.0))
+    }
+}
+
 struct Problems(Vec<ConfigError>);
 
 impl Problems {
@@ -263,6 +316,15 @@ impl Settings {
     pub fn from_config_with_env(
         config: &SidecarConfig,
         env: &dyn Fn(&str) -> Option<String>,
+    ) -> Result<Self, ConfigErrors> {
+        Self::from_config_with(config, env, Vec::new())
+    }
+
+    /// [`Settings::from_config`] plus the secrets read from standard input (`secrets_stdin`).
+    pub fn from_config_with(
+        config: &SidecarConfig,
+        env: &dyn Fn(&str) -> Option<String>,
+        stdin_secrets: Vec<SecretSpec>,
     ) -> Result<Self, ConfigErrors> {
         let mut problems = Problems(Vec::new());
         let listen = addr(&mut problems, "listen", config.listen.as_deref(), DEFAULT_LISTEN);
@@ -377,13 +439,30 @@ impl Settings {
                 .enumerate()
                 .map(|(i, s)| (format!("secrets_file.secrets[{i}]"), s)),
         );
+        specs.extend(
+            stdin_secrets
+                .iter()
+                .enumerate()
+                .map(|(i, s)| (format!("secrets_stdin.secrets[{i}]"), s)),
+        );
         let secrets = validate_secrets(&mut problems, &specs, env);
 
         let mut bound = HostSet::default();
         for s in &secrets {
             bound.0.extend(s.hosts.0.iter().cloned());
         }
-        let egress = EgressPolicy::new(HostSet(allow), HostSet(deny), bound);
+        let deny = HostSet(deny);
+        let addresses = AddressPolicy::new(
+            &deny,
+            config.egress.deny_local,
+            if config.egress.deny_local {
+                own_interface_addresses()
+            } else {
+                Vec::new()
+            },
+            resolve.values().copied(),
+        );
+        let egress = EgressPolicy::new(HostSet(allow), deny, bound);
 
         if !problems.0.is_empty() {
             return Err(ConfigErrors(problems.0));
@@ -399,15 +478,20 @@ impl Settings {
             intercept,
             secrets_file: config.secrets_file.clone(),
             admin_token_file: config.admin_token_file.clone(),
+            secrets_stdin: config.secrets_stdin.unwrap_or(false),
+            ready_file: config.ready_file.clone(),
             resolve,
             egress,
+            addresses,
             inline_secrets: config.secrets.clone(),
+            pushed_secrets: stdin_secrets,
             secrets,
         })
     }
 
-    /// Re-validate inline secrets plus a fresh read of `secrets_file` (for reload).
-    pub fn reload_secrets(&self) -> Result<Vec<Secret>, ConfigErrors> {
+    /// Re-validate inline secrets, a fresh read of `secrets_file`, and `pushed` (the secrets the
+    /// admin API holds: standard input's at start, then what `PUT`/`DELETE /secrets` made of them).
+    pub fn reload_secrets(&self, pushed: &[SecretSpec]) -> Result<Vec<Secret>, ConfigErrors> {
         let mut problems = Problems(Vec::new());
         let mut specs: Vec<(String, &SecretSpec)> = self
             .inline_secrets
@@ -425,6 +509,7 @@ impl Settings {
                 .enumerate()
                 .map(|(i, s)| (format!("secrets_file.secrets[{i}]"), s)),
         );
+        specs.extend(pushed.iter().enumerate().map(|(i, s)| (format!("secrets[{i}]"), s)));
         let env = |name: &str| std::env::var(name).ok();
         let secrets = validate_secrets(&mut problems, &specs, &env);
         if problems.0.is_empty() {

@@ -30,7 +30,7 @@ use crate::proxy::Proxy;
 use crate::rewrite::{self, HostRules, Injections};
 use crate::secrets::{Location, SecretSet};
 use crate::tls::{sni_matches, CacheOutcome, ALPN_H2, ALPN_HTTP11};
-use crate::upstream::{find_upstream_error, BoxError, ProxyBody};
+use crate::upstream::{find_upstream_error, BoxError, ProxyBody, EGRESS_POLICY};
 
 /// Client-side TLS handshake deadline (a CONNECT that never sends a ClientHello is closed).
 pub const CLIENT_HANDSHAKE_TIMEOUT: Duration = Duration::from_secs(10);
@@ -358,8 +358,13 @@ impl Tunnel {
                     ),
                 };
                 tracing::warn!(host = %host, kind, reason = %reason, "upstream request failed");
-                let resp = answer::error(status, kind, &host, &reason);
-                return self.finish_local(resp, record, &secrets, &exchange, Some(kind), None);
+                let resp = answer::upstream_failure(status, kind, &host, &reason);
+                let (error, blocked) = if kind == EGRESS_POLICY {
+                    (None, Some(kind))
+                } else {
+                    (Some(kind), None)
+                };
+                return self.finish_local(resp, record, &secrets, &exchange, error, blocked);
             }
         };
         let post_start = Instant::now();
@@ -488,6 +493,7 @@ impl Tunnel {
         if let Some(reason) = blocked {
             let reason = match reason {
                 "stub-exfiltration" => "stub-exfiltration",
+                EGRESS_POLICY => EGRESS_POLICY,
                 _ => "misdirected-request",
             };
             m.blocked.get_or_create(&BlockLabels { reason }).inc();

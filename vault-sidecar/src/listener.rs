@@ -142,7 +142,7 @@ async fn connect(proxy: Arc<Proxy>, peer: SocketAddr, req: Request<Incoming>) ->
                 })
                 .inc();
             tracing::warn!(target = %target, error = %e, "tunnel upstream unreachable");
-            return answer::error(e.status(), e.kind(), &target.host.to_string(), &e.to_string());
+            return answer::upstream_failure(e.status(), e.kind(), &target.host.to_string(), &e.to_string());
         }
     };
     if upstream.peer_addr().is_ok_and(|a| proxy.own_addrs().contains(&a)) {
@@ -218,7 +218,7 @@ async fn forward_plain(proxy: Arc<Proxy>, req: Request<Incoming>) -> Response<Pr
                 None => (StatusCode::BAD_GATEWAY, "upstream-protocol", e.to_string()),
             };
             proxy.metrics.errors.get_or_create(&ErrorLabels { kind }).inc();
-            answer::error(status, kind, &host, &reason)
+            answer::upstream_failure(status, kind, &host, &reason)
         }
     };
     let status = resp.status().as_u16();

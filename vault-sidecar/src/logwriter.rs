@@ -154,6 +154,7 @@ impl Drop for FlushGuard {
 
 #[cfg(test)]
 mod tests {
+    #![allow(clippy::unwrap_used)]
     use super::*;
     use std::time::Instant;
 

@@ -1,11 +1,13 @@
 //! `vault-sidecar`: parse flags, validate the whole config, then start. Exit 2 on bad config.
 
+use std::io::Read;
 use std::path::PathBuf;
 use std::process::ExitCode;
 
 use clap::{Parser, Subcommand};
-use lap_vault_sidecar::config::{read_config, Settings};
+use lap_vault_sidecar::config::{parse_secrets_stdin, read_config, ConfigErrors, SecretSpec, Settings, SidecarConfig};
 use lap_vault_sidecar::logwriter;
+use lap_vault_sidecar::proxy::Inherited;
 
 /// jemalloc with background purging: memory freed after a burst of connections (10k silent
 /// CONNECTs, say) goes back to the OS within seconds instead of staying resident in glibc arenas.
@@ -32,13 +34,41 @@ enum Command {
     Check,
 }
 
+/// `secrets_stdin`: standard input read to its end, as `{"secrets":[...]}`.
+fn stdin_secrets(config: &SidecarConfig) -> Result<Vec<SecretSpec>, ConfigErrors> {
+    if config.secrets_stdin != Some(true) {
+        return Ok(Vec::new());
+    }
+    let mut bytes = Vec::new();
+    if let Err(e) = std::io::stdin().lock().read_to_end(&mut bytes) {
+        return Err(ConfigErrors(vec![lap_vault_sidecar::config::ConfigError {
+            key: "secrets_stdin".into(),
+            reason: format!("cannot read standard input: {e}"),
+        }]));
+    }
+    parse_secrets_stdin(&bytes)
+}
+
 fn main() -> ExitCode {
+    // Socket activation (sd_listen_fds(3)): with LISTEN_FDS=1 the explicit proxy port is the
+    // listening socket on fd 3, bound by the supervisor (the local backend binds it inside the
+    // sandbox's network namespace). Taken before any thread starts: it edits the environment.
+    let inherited = match listenfd::ListenFd::from_env().take_tcp_listener(0) {
+        Ok(listen) => Inherited { listen },
+        Err(e) => {
+            eprintln!("vault-sidecar: LISTEN_FDS: fd 3 is not a listening TCP socket: {e}");
+            return ExitCode::from(2);
+        }
+    };
     let cli = Cli::parse();
     let Some(path) = cli.config else {
         eprintln!("vault-sidecar: --config FILE (or VAULT_CONFIG) is required");
         return ExitCode::from(2);
     };
-    let settings = match read_config(&path).and_then(|c| Settings::from_config(&c)) {
+    let settings = match read_config(&path).and_then(|c| {
+        let pushed = stdin_secrets(&c)?;
+        Settings::from_config_with(&c, &|name| std::env::var(name).ok(), pushed)
+    }) {
         Ok(s) => s,
         Err(errors) => {
             for e in &errors.0 {
@@ -68,7 +98,7 @@ fn main() -> ExitCode {
     // SIGTERM/SIGINT end the process through main, so the log queue is flushed on the way out.
     let served = runtime.block_on(async {
         tokio::select! {
-            r = lap_vault_sidecar::proxy::run(settings) => r,
+            r = lap_vault_sidecar::proxy::run_with(settings, inherited) => r,
             () = terminated() => {
                 tracing::info!("vault sidecar stopping on signal");
                 Ok(())

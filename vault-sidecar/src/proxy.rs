@@ -5,14 +5,15 @@
 //! mark ready. `/readyz` answers 200 only after all of that.
 
 use std::net::SocketAddr;
+use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::{Arc, RwLock};
+use std::sync::{Arc, Mutex, RwLock};
 use std::time::{Duration, SystemTime};
 
 use tokio::net::TcpListener;
 
 use crate::audit::AuditLog;
-use crate::config::{CaSource, ConfigErrors, Settings};
+use crate::config::{CaSource, ConfigError, ConfigErrors, SecretSpec, Settings};
 use crate::egress::EgressPolicy;
 use crate::metrics::Metrics;
 use crate::secrets::SecretSet;
@@ -38,11 +39,47 @@ pub enum StartError {
         #[source]
         source: std::io::Error,
     },
+    #[error("the inherited listening socket (LISTEN_FDS) cannot be used: {0}")]
+    Inherited(#[source] std::io::Error),
+    #[error("cannot write the generated admin token ({path}); set admin_token_file: {source}")]
+    AdminToken {
+        path: PathBuf,
+        #[source]
+        source: std::io::Error,
+    },
+    #[error("cannot write ready_file {path}: {source}")]
+    ReadyFile {
+        path: PathBuf,
+        #[source]
+        source: std::io::Error,
+    },
+}
+
+/// What the admin API's protected endpoints compare a bearer token against.
+#[derive(Debug, Clone)]
+pub enum AdminToken {
+    /// `admin_token_file`, read on each request (so it can be rotated by rewriting the file).
+    File(PathBuf),
+    /// Generated at start because no `admin_token_file` was given; also written to `path`.
+    Generated { token: String, path: PathBuf },
+}
+
+/// Why an admin change of the secrets was refused (the old set stays in force).
+#[derive(Debug, thiserror::Error)]
+pub enum SecretsChangeError {
+    #[error("{0}")]
+    Invalid(#[from] ConfigErrors),
+    #[error("no secret `{0}` was given to this sidecar over its admin API or standard input")]
+    NotFound(String),
 }
 
 /// Everything a request handler needs.
 pub struct Proxy {
     pub settings: Settings,
+    /// The secrets the admin API manages (`secrets_stdin`'s at start), with their real values;
+    /// the lock also serialises every change of the set.
+    pushed: Mutex<Vec<SecretSpec>>,
+    admin_token: RwLock<Option<AdminToken>>,
     secrets: RwLock<Arc<SecretSet>>,
     egress: RwLock<Arc<EgressPolicy>>,
     pub leaves: LeafCache,
@@ -55,8 +92,10 @@ pub struct Proxy {
 }
 
 impl Proxy {
-    /// Build the state (CA, roots, clients) from validated settings. Binds nothing.
-    pub fn new(settings: Settings) -> Result<Arc<Self>, StartError> {
+    /// Build the state (CA, roots, clients) from validated settings. Binds nothing. The
+    /// settings' initial secrets move into the proxy's snapshot (a rotated-out value is then held
+    /// nowhere once no request uses it).
+    pub fn new(mut settings: Settings) -> Result<Arc<Self>, StartError> {
         let ca = match &settings.ca {
             CaSource::Generate => Ca::generate()?,
             CaSource::Files { cert, key } => Ca::load(cert, key)?,
@@ -64,13 +103,17 @@ impl Proxy {
         let roots = Arc::new(root_store(&settings.upstream_ca_files).map_err(StartError::Roots)?);
         let metrics = Arc::new(Metrics::default());
         let upstreams = Upstreams::new(
-            Resolver::new(settings.resolve.clone()),
+            Resolver::new(settings.resolve.clone(), settings.addresses.clone()),
             roots,
             metrics.upstream_connects.clone(),
         );
-        let secrets = SecretSet::new(settings.secrets.clone());
+        let secrets = SecretSet::new(std::mem::take(&mut settings.secrets));
         let egress = settings.egress.with_bound(secrets.bound_hosts().clone());
+        let pushed = Mutex::new(std::mem::take(&mut settings.pushed_secrets));
+        let admin_token = RwLock::new(settings.admin_token_file.clone().map(AdminToken::File));
         Ok(Arc::new(Self {
+            pushed,
+            admin_token,
             secrets: RwLock::new(Arc::new(secrets)),
             egress: RwLock::new(Arc::new(egress)),
             leaves: LeafCache::new(Arc::new(ca)),
@@ -100,9 +143,21 @@ impl Proxy {
         self.ready.load(Ordering::Acquire)
     }
 
+    /// The admin token the protected admin endpoints require (`None` before [`run`] sets one).
+    pub fn admin_token(&self) -> Option<AdminToken> {
+        self.admin_token.read().unwrap_or_else(|p| p.into_inner()).clone()
+    }
+
     /// Re-read inline secrets and `secrets_file`; on error the old secrets stay.
     pub fn reload(&self) -> Result<usize, ConfigErrors> {
-        match self.settings.reload_secrets() {
+        let pushed = self.pushed.lock().unwrap_or_else(|p| p.into_inner());
+        self.install(&pushed)
+    }
+
+    /// Validate inline + `secrets_file` + `pushed` and swap the snapshot in; on error the old
+    /// snapshot stays. Callers hold the `pushed` lock, so changes never interleave.
+    fn install(&self, pushed: &[SecretSpec]) -> Result<usize, ConfigErrors> {
+        match self.settings.reload_secrets(pushed) {
             Ok(list) => {
                 let set = SecretSet::new(list);
                 let n = set.len();
@@ -115,23 +170,139 @@ impl Proxy {
             }
             Err(e) => {
                 self.metrics.reload_failures.inc();
-                tracing::error!(error = %e, "secrets reload rejected; keeping the previous secrets");
+                tracing::error!(error = %e, "secrets change rejected; keeping the previous secrets");
                 Err(e)
             }
         }
     }
+
+    /// `PUT /secrets`: replace every secret the admin API manages. All or nothing.
+    pub fn replace_secrets(&self, specs: Vec<SecretSpec>) -> Result<usize, SecretsChangeError> {
+        crate::config::validate_secret_specs("secrets", &specs)?;
+        let mut pushed = self.pushed.lock().unwrap_or_else(|p| p.into_inner());
+        self.install(&specs)?;
+        *pushed = specs;
+        Ok(pushed.len())
+    }
+
+    /// `PUT /secrets/{name}`: add or replace one managed secret. Without a `stub`, an existing
+    /// secret keeps its stub (rotation of the real value).
+    pub fn upsert_secret(&self, mut spec: SecretSpec) -> Result<usize, SecretsChangeError> {
+        let mut pushed = self.pushed.lock().unwrap_or_else(|p| p.into_inner());
+        let existing = pushed.iter().position(|s| s.name == spec.name);
+        if spec.stub.is_empty() {
+            match existing {
+                Some(i) => spec.stub = pushed[i].stub.clone(),
+                None => {
+                    return Err(SecretsChangeError::Invalid(ConfigErrors(vec![ConfigError {
+                        key: "stub".into(),
+                        reason: format!("required: `{}` is a new secret", spec.name),
+                    }])))
+                }
+            }
+        }
+        crate::config::validate_secret_specs("secret", std::slice::from_ref(&spec))?;
+        let mut next = pushed.clone();
+        match existing {
+            Some(i) => next[i] = spec,
+            None => next.push(spec),
+        }
+        self.install(&next)?;
+        *pushed = next;
+        Ok(pushed.len())
+    }
+
+    /// `DELETE /secrets/{name}`: revoke one managed secret; its stub is no longer swapped.
+    pub fn remove_secret(&self, name: &str) -> Result<usize, SecretsChangeError> {
+        let mut pushed = self.pushed.lock().unwrap_or_else(|p| p.into_inner());
+        let Some(i) = pushed.iter().position(|s| s.name == name) else {
+            return Err(SecretsChangeError::NotFound(name.to_owned()));
+        };
+        let mut next = pushed.clone();
+        next.remove(i);
+        self.install(&next)?;
+        *pushed = next;
+        Ok(pushed.len())
+    }
+}
+
+/// The listening sockets a supervisor handed over instead of addresses to bind.
+#[derive(Debug, Default)]
+pub struct Inherited {
+    /// The explicit proxy port (systemd socket activation: `LISTEN_FDS=1`, fd 3).
+    pub listen: Option<std::net::TcpListener>,
+}
+
+/// A fresh random token (hex, 256 bits).
+fn random_token() -> String {
+    use rand::RngCore;
+    let mut b = [0u8; 32];
+    rand::thread_rng().fill_bytes(&mut b);
+    b.iter().map(|x| format!("{x:02x}")).collect()
+}
+
+/// Write `bytes` to `path` with mode 0600 through a temporary file in the same directory.
+fn write_private(path: &Path, bytes: &[u8]) -> std::io::Result<()> {
+    use std::io::Write;
+    use std::os::unix::fs::OpenOptionsExt;
+    let tmp = path.with_extension("tmp");
+    let mut f = std::fs::OpenOptions::new()
+        .write(true)
+        .create(true)
+        .truncate(true)
+        .mode(0o600)
+        .open(&tmp)?;
+    f.write_all(bytes)?;
+    f.sync_all()?;
+    std::fs::rename(&tmp, path)
+}
+
+/// Without `admin_token_file`, a token is generated and written to a new private directory
+/// (0700) under the temporary directory: whoever may read it may use the admin API.
+fn generate_admin_token() -> Result<AdminToken, StartError> {
+    use std::os::unix::fs::DirBuilderExt;
+    let token = random_token();
+    let dir = std::env::temp_dir().join(format!("vault-sidecar-{}-{}", std::process::id(), &token[..8]));
+    let path = dir.join("admin_token");
+    std::fs::DirBuilder::new()
+        .mode(0o700)
+        .create(&dir)
+        .and_then(|()| write_private(&path, token.as_bytes()))
+        .map_err(|source| StartError::AdminToken {
+            path: path.clone(),
+            source,
+        })?;
+    Ok(AdminToken::Generated { token, path })
 }
 
 /// Bind every listener, write the CA, mark ready, and serve until the process ends.
 pub async fn run(settings: Settings) -> Result<(), StartError> {
+    run_with(settings, Inherited::default()).await
+}
+
+/// [`run`], taking the listeners in `inherited` instead of binding their addresses.
+pub async fn run_with(settings: Settings, inherited: Inherited) -> Result<(), StartError> {
     let proxy = Proxy::new(settings)?;
+    if proxy.admin_token().is_none() {
+        let generated = generate_admin_token()?;
+        if let AdminToken::Generated { path, .. } = &generated {
+            tracing::info!(path = %path.display(), "no admin_token_file: generated an admin token");
+        }
+        *proxy.admin_token.write().unwrap_or_else(|p| p.into_inner()) = Some(generated);
+    }
     let s = &proxy.settings;
     let bind = |key: &'static str, addr: SocketAddr| async move {
         TcpListener::bind(addr)
             .await
             .map_err(|source| StartError::Bind { key, addr, source })
     };
-    let listener = bind("listen", s.listen).await?;
+    let listener = match inherited.listen {
+        Some(l) => l
+            .set_nonblocking(true)
+            .and_then(|()| TcpListener::from_std(l))
+            .map_err(StartError::Inherited)?,
+        None => bind("listen", s.listen).await?,
+    };
     let admin = bind("admin_listen", s.admin_listen).await?;
     let transparent = match s.transparent_listen {
         Some(addr) => Some(bind("transparent_listen", addr).await?),
@@ -155,6 +326,18 @@ pub async fn run(settings: Settings) -> Result<(), StartError> {
     *proxy.own_addrs.write().unwrap_or_else(|p| p.into_inner()) = own.clone();
     if let Some(path) = &s.ca_cert_path {
         proxy.leaves.ca().write_cert(path)?;
+    }
+    if let Some(path) = &s.ready_file {
+        let ready = serde_json::json!({
+            "listen": own[0].to_string(),
+            "admin_listen": own[1].to_string(),
+            "transparent_listen": own.get(2).map(ToString::to_string),
+            "pid": std::process::id(),
+        });
+        write_private(path, ready.to_string().as_bytes()).map_err(|source| StartError::ReadyFile {
+            path: path.clone(),
+            source,
+        })?;
     }
     tracing::info!(
         listen = %own[0],

@@ -146,6 +146,7 @@ async fn handle(proxy: Arc<Proxy>, mut stream: TcpStream) -> io::Result<()> {
         Some(BlockReason::Loop)
     } else if egress.decide(&target.host) != EgressDecision::Allow
         || egress.decide(&ip_target.host) == EgressDecision::Denied
+        || proxy.upstreams.resolver.policy().check(original).is_err()
     {
         Some(BlockReason::EgressPolicy)
     } else {

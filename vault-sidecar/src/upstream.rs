@@ -31,7 +31,12 @@ use tokio::net::TcpStream;
 use tokio_rustls::client::TlsStream;
 use tokio_rustls::TlsConnector;
 
+use crate::egress::{AddressDenial, AddressPolicy};
 use crate::hosts::TargetHost;
+
+/// The kind of an egress refusal decided on a resolved address (`X-Vault-Blocked`, not
+/// `X-Vault-Error`: see [`crate::answer::upstream_failure`]).
+pub const EGRESS_POLICY: &str = "egress-policy";
 
 /// TCP connect deadline (per address tried).
 pub const CONNECT_TIMEOUT: Duration = Duration::from_secs(10);
@@ -78,6 +83,12 @@ pub enum UpstreamError {
     BadName(String),
     #[error("the request URI has no host")]
     NoHost,
+    #[error("{host} resolves to {addr}: {}", why.describe())]
+    Denied {
+        host: String,
+        addr: SocketAddr,
+        why: AddressDenial,
+    },
 }
 
 impl UpstreamError {
@@ -91,13 +102,15 @@ impl UpstreamError {
             Self::Handshake { .. } => "tls-handshake",
             Self::HandshakeTimeout { .. } => "tls-handshake-timeout",
             Self::BadName(_) | Self::NoHost => "bad-target",
+            Self::Denied { .. } => EGRESS_POLICY,
         }
     }
 
-    /// `504` for timeouts, `502` otherwise.
+    /// `504` for timeouts, `403` for an egress refusal, `502` otherwise.
     pub fn status(&self) -> http::StatusCode {
         match self {
             Self::ConnectTimeout { .. } | Self::HandshakeTimeout { .. } => http::StatusCode::GATEWAY_TIMEOUT,
+            Self::Denied { .. } => http::StatusCode::FORBIDDEN,
             _ => http::StatusCode::BAD_GATEWAY,
         }
     }
@@ -115,15 +128,26 @@ pub fn find_upstream_error<'a>(err: &'a (dyn std::error::Error + 'static)) -> Op
     None
 }
 
-/// How names are turned into addresses: the `[resolve]` table, then the system resolver.
+/// How names are turned into addresses: the `[resolve]` table, then the system resolver; and
+/// which of those addresses may be connected to ([`AddressPolicy`], checked on every address a
+/// target resolves to, at connect time).
 #[derive(Debug, Clone, Default)]
 pub struct Resolver {
     table: Arc<HashMap<(String, u16), SocketAddr>>,
+    policy: Arc<AddressPolicy>,
 }
 
 impl Resolver {
-    pub fn new(table: HashMap<(String, u16), SocketAddr>) -> Self {
-        Self { table: Arc::new(table) }
+    pub fn new(table: HashMap<(String, u16), SocketAddr>, policy: AddressPolicy) -> Self {
+        Self {
+            table: Arc::new(table),
+            policy: Arc::new(policy),
+        }
+    }
+
+    /// The address rules (also applied by the transparent listener to original destinations).
+    pub fn policy(&self) -> &AddressPolicy {
+        &self.policy
     }
 
     pub async fn resolve(&self, host: &TargetHost, port: u16) -> Result<Vec<SocketAddr>, UpstreamError> {
@@ -149,9 +173,20 @@ impl Resolver {
         }
     }
 
-    /// Connect TCP (first address that answers), `TCP_NODELAY` set.
+    /// Connect TCP (first address that answers), `TCP_NODELAY` set. When any resolved address is
+    /// refused by the [`AddressPolicy`], none is tried: a name that resolves into a denied block
+    /// is denied, whatever else it resolves to.
     pub async fn connect(&self, host: &TargetHost, port: u16) -> Result<TcpStream, UpstreamError> {
         let addrs = self.resolve(host, port).await?;
+        for addr in &addrs {
+            if let Err(why) = self.policy.check(*addr) {
+                return Err(UpstreamError::Denied {
+                    host: host.to_string(),
+                    addr: *addr,
+                    why,
+                });
+            }
+        }
         let mut last = None;
         for addr in addrs {
             match tokio::time::timeout(CONNECT_TIMEOUT, TcpStream::connect(addr)).await {

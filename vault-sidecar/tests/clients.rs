@@ -1241,13 +1241,7 @@ async fn secrets_file_reload_via_admin_and_sighup() {
     );
 
     write_secrets_file(&sf, "REAL-reload-v2-bbbbbbbb");
-    let r = within(
-        Duration::from_secs(10),
-        "POST /reload",
-        raw_request(h.sidecar.admin, "POST", "/reload", &[], b""),
-    )
-    .await
-    .expect("POST /reload");
+    let r = h.sidecar.admin_request("POST", "/reload", b"").await;
     assert!((200..300).contains(&r.status), "{}{}", r.head, r.body_text());
     assert_eq!(
         value_seen_upstream(&h, "t2").await.as_deref(),

@@ -232,13 +232,7 @@ async fn tripwire_blocks_stub_to_unbound_host_with_audit_and_metric() {
     assert!(!up.state.saw(ANTHROPIC_REAL));
 
     // Audit events (JSON log lines and /interceptions) with the blocked reason and secret name.
-    let events = within(
-        Duration::from_secs(10),
-        "interceptions",
-        raw_get(sidecar.admin, "/interceptions", &[]),
-    )
-    .await
-    .expect("interceptions");
+    let events = sidecar.admin_get("/interceptions").await;
     assert_eq!(events.status, 200);
     let v: serde_json::Value = serde_json::from_slice(&events.body).expect("interceptions JSON");
     let text = v.to_string();
@@ -570,13 +564,7 @@ async fn secrets_file_rotation_on_change_sighup_and_post() {
 
     // 3. POST /reload, change hidden from the watcher too.
     rewrite_unnoticed(&sf, &rot(ROT_V4));
-    let r = within(
-        Duration::from_secs(10),
-        "POST /reload",
-        raw_request(h.sidecar.admin, "POST", "/reload", &[], b""),
-    )
-    .await
-    .expect("POST /reload");
+    let r = h.sidecar.admin_request("POST", "/reload", b"").await;
     assert_eq!(r.status, 200, "{}{}", r.head, r.body_text());
     // Synchronous: the very next request uses the new value.
     assert_eq!(rotating_value_seen(&h, "v4-now").await.as_deref(), Some(ROT_V4));
@@ -616,13 +604,7 @@ async fn bad_secrets_file_is_rejected_and_old_value_kept() {
         .expect("open")
         .set_modified(mtime)
         .expect("set mtime");
-    let r = within(
-        Duration::from_secs(10),
-        "POST /reload",
-        raw_request(h.sidecar.admin, "POST", "/reload", &[], b""),
-    )
-    .await
-    .expect("POST /reload");
+    let r = h.sidecar.admin_request("POST", "/reload", b"").await;
     assert_eq!(r.status, 422, "{}{}", r.head, r.body_text());
     let body: serde_json::Value = serde_json::from_slice(&r.body).expect("422 JSON");
     let problems = body["problems"].as_array().expect("problems array").clone();

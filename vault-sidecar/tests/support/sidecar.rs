@@ -178,6 +178,9 @@ pub struct Sidecar {
     pub stdout_path: PathBuf,
     pub stderr_path: PathBuf,
     child: Child,
+    /// The admin token: `admin_token_file`'s, or the one the sidecar generated (read from the
+    /// file its start-up log names).
+    admin_token: std::sync::OnceLock<String>,
 }
 
 impl Drop for Sidecar {
@@ -268,6 +271,7 @@ impl Sidecar {
             stdout_path,
             stderr_path,
             child,
+            admin_token: std::sync::OnceLock::new(),
         };
         let deadline = Instant::now() + Duration::from_secs(30);
         loop {
@@ -364,11 +368,70 @@ impl Sidecar {
             .expect("VmHWM in /proc/PID/status")
     }
 
-    /// `GET path` on the admin port.
+    /// The admin token: the configured `admin_token_file`'s, else the generated one, whose
+    /// path the start-up log names.
+    pub fn admin_token(&self) -> String {
+        self.admin_token
+            .get_or_init(|| {
+                let config = std::fs::read_to_string(&self.config_path).unwrap_or_default();
+                let configured = config
+                    .parse::<toml::Table>()
+                    .ok()
+                    .and_then(|t| t.get("admin_token_file").and_then(|v| v.as_str()).map(PathBuf::from));
+                let path = configured.unwrap_or_else(|| {
+                    let deadline = Instant::now() + Duration::from_secs(10);
+                    loop {
+                        let found = self.log_json().into_iter().find_map(|l| {
+                            (l["message"] == "no admin_token_file: generated an admin token")
+                                .then(|| l["path"].as_str().map(PathBuf::from))
+                                .flatten()
+                        });
+                        if let Some(p) = found {
+                            break p;
+                        }
+                        assert!(
+                            Instant::now() < deadline,
+                            "no generated admin token in the log:\n{}",
+                            self.logs()
+                        );
+                    }
+                });
+                std::fs::read_to_string(&path)
+                    .unwrap_or_else(|e| panic!("read admin token {}: {e}", path.display()))
+                    .trim()
+                    .to_owned()
+            })
+            .clone()
+    }
+
+    /// `GET path` on the admin port, with the admin token.
     pub async fn admin_get(&self, path: &str) -> RawResponse {
-        super::within(Duration::from_secs(10), "admin GET", raw_get(self.admin, path, &[]))
-            .await
-            .expect("admin GET")
+        let auth = format!("Bearer {}", self.admin_token());
+        super::within(
+            Duration::from_secs(10),
+            "admin GET",
+            raw_get(self.admin, path, &[("Authorization", &auth)]),
+        )
+        .await
+        .expect("admin GET")
+    }
+
+    /// `METHOD path` with a JSON body on the admin port, with the admin token.
+    pub async fn admin_request(&self, method: &str, path: &str, body: &[u8]) -> RawResponse {
+        let auth = format!("Bearer {}", self.admin_token());
+        super::within(
+            Duration::from_secs(10),
+            "admin request",
+            raw_request(
+                self.admin,
+                method,
+                path,
+                &[("Authorization", &auth), ("Content-Type", "application/json")],
+                body,
+            ),
+        )
+        .await
+        .expect("admin request")
     }
 
     /// The sidecar's CA certificate PEM as written to `ca_cert_path`.
