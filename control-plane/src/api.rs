@@ -170,7 +170,7 @@ async fn create_session(
         serde_json::from_slice(&body).map_err(|e| ApiError::BadRequest(format!("invalid JSON body: {e}")))?
     };
     let session = app.create_session(&id, req).await?;
-    Ok((StatusCode::CREATED, Json(session.view())).into_response())
+    Ok((StatusCode::CREATED, Json(app.session_view(&session))).into_response())
 }
 
 async fn list_sessions(
@@ -181,7 +181,7 @@ async fn list_sessions(
     let (limit, offset) = page_bounds(&q)?;
     let (sessions, total) = app.store.list_sessions(q.agent_id.as_deref(), limit, offset).await?;
     Ok(Json(Page {
-        data: sessions.iter().map(|s| s.view()).collect(),
+        data: sessions.iter().map(|s| app.session_view(s)).collect(),
         total,
         limit,
         offset,
@@ -189,11 +189,11 @@ async fn list_sessions(
 }
 
 async fn get_session(State(app): State<AppState>, Path(id): Path<String>) -> ApiResult<Json<SessionView>> {
-    Ok(Json(app.get_session(&id).await?.view()))
+    Ok(Json(app.session_view(&app.get_session(&id).await?)))
 }
 
 async fn delete_session(State(app): State<AppState>, Path(id): Path<String>) -> ApiResult<Json<SessionView>> {
-    Ok(Json(app.stop_session(&id).await?.view()))
+    Ok(Json(app.session_view(&app.stop_session(&id).await?)))
 }
 
 async fn send_message(
@@ -225,7 +225,7 @@ async fn session_events(
     Path(id): Path<String>,
 ) -> ApiResult<Sse<impl Stream<Item = Result<Event, Infallible>>>> {
     let rx = app.subscribe();
-    let current = app.get_session(&id).await?.view();
+    let current = app.session_view(&app.get_session(&id).await?);
     let agent = crate::agent_events::stream(app.clone(), id.clone(), current.status == crate::model::Status::Ready)
         .map(|e| Ok(Event::default().event(e.event).data(e.data)));
     let first = stream::once(async move { current });

@@ -10,7 +10,7 @@ use lap_vault_sidecar::config::SecretSpec;
 use rand::RngCore;
 use tokio::sync::broadcast;
 
-use crate::backend::{SandboxBackend, SandboxHandle, SandboxSpec};
+use crate::backend::{Liveness, SandboxBackend, SandboxHandle, SandboxSpec};
 use crate::crypto::Cipher;
 use crate::env_vars;
 use crate::error::ApiError;
@@ -53,6 +53,10 @@ pub struct App {
     replica: String,
     events: broadcast::Sender<SessionView>,
     http: reqwest::Client,
+    /// Clients toward harnesses (TCP or their Unix socket).
+    pub harness: crate::harness::HarnessClients,
+    /// Failed health probes in a row, per ready session (this replica's passes).
+    unhealthy: Mutex<std::collections::HashMap<String, u32>>,
 }
 
 impl std::fmt::Debug for App {
@@ -121,6 +125,8 @@ impl App {
             replica: new_id("rep"),
             events: broadcast::channel(256).0,
             http,
+            harness: crate::harness::HarnessClients::default(),
+            unhealthy: Mutex::new(std::collections::HashMap::new()),
         })
     }
 
@@ -139,8 +145,21 @@ impl App {
 
     async fn emit(&self, id: &str) {
         if let Ok(Some(s)) = self.store.get_session(id).await {
-            let _ = self.events.send(s.view());
+            let _ = self.events.send(self.session_view(&s));
         }
+    }
+
+    /// Stop and remove a sandbox, and forget the client toward its harness.
+    async fn destroy_sandbox(&self, handle: &SandboxHandle) {
+        self.backend.destroy(handle).await;
+        if let Some(sock) = &handle.harness_socket {
+            self.harness.forget(sock);
+        }
+    }
+
+    /// A session as the API shows it, with its terminal token.
+    pub fn session_view(&self, s: &Session) -> SessionView {
+        s.view(self.cipher.tty_token(&s.id))
     }
 
     // ---- agents ----
@@ -452,14 +471,16 @@ impl App {
 
         let (phase_tx, mut phase_rx) = tokio::sync::mpsc::unbounded_channel::<&'static str>();
         let now = now_ms();
+        let id = new_id("ses");
         let session = Session {
-            id: new_id("ses"),
+            tty_token_hash: crate::crypto::token_hash(&self.cipher.tty_token(&id)),
+            id,
             agent_id: agent.id.clone(),
             title: req.title.clone(),
             status: Status::Creating,
             phase: "provisioning".into(),
             failure_reason: None,
-            tty_token: random_hex(24),
+            isolation: Some(self.backend.isolation().to_owned()),
             sandbox: None,
             created_at: now,
             last_seen_at: now,
@@ -534,12 +555,12 @@ impl App {
                     }
                     _ => {
                         // Deleted (or timed out by the reconciler) meanwhile.
-                        self.backend.destroy(&handle).await;
+                        self.destroy_sandbox(&handle).await;
                         Ok(None)
                     }
                 },
                 Err(e) => {
-                    self.backend.destroy(&handle).await;
+                    self.destroy_sandbox(&handle).await;
                     Err(format!("internal error: {e}"))
                 }
             },
@@ -585,7 +606,7 @@ impl App {
         let s = self.get_session(id).await?;
         if s.status != Status::Dead && self.store.transition(id, s.status, Status::Dead, None, None).await? {
             if let Some(h) = self.handle(&s) {
-                self.backend.destroy(&h).await;
+                self.destroy_sandbox(&h).await;
             }
             self.emit(id).await;
         }
@@ -611,7 +632,8 @@ impl App {
         self.store.touch_session(id).await?;
         self.metrics.messages.inc();
         let resp = self
-            .http
+            .harness
+            .for_handle(&handle)
             .post(format!("{}/message", handle.harness_url))
             .bearer_auth(&handle.harness_token)
             .json(&serde_json::json!({ "text": text }))
@@ -645,7 +667,8 @@ impl App {
         self.store.touch_session(id).await?;
         self.metrics.messages.inc();
         let resp = self
-            .http
+            .harness
+            .for_handle(&handle)
             .post(format!("{}/message_stream", handle.harness_url))
             .bearer_auth(&handle.harness_token)
             .json(&serde_json::json!({ "text": text }))
@@ -662,7 +685,8 @@ impl App {
     pub async fn harness_events(&self, id: &str) -> Result<reqwest::Response, ApiError> {
         let handle = self.ready_handle(id).await?;
         let resp = self
-            .http
+            .harness
+            .for_handle(&handle)
             .get(format!("{}/events", handle.harness_url))
             .bearer_auth(&handle.harness_token)
             .send()
@@ -678,11 +702,8 @@ impl App {
     /// `tty_token` (constant-time compare): 404 for no such session, 401 for any other token
     /// (another session's too), 409 unless the session is ready.
     pub async fn tty_handle(&self, id: &str, presented: Option<&str>) -> Result<SandboxHandle, ApiError> {
-        use subtle::ConstantTimeEq;
         let s = self.get_session(id).await?;
-        let presented = presented.unwrap_or_default().as_bytes();
-        let expected = s.tty_token.as_bytes();
-        if presented.len() != expected.len() || !bool::from(presented.ct_eq(expected)) {
+        if !crate::crypto::token_matches(presented.unwrap_or_default(), &s.tty_token_hash) {
             return Err(ApiError::TtyUnauthorized);
         }
         self.ready_handle(id).await
@@ -746,11 +767,41 @@ impl App {
         let now = now_ms();
         let create_ms = i64::try_from(self.config.create_timeout.as_millis()).unwrap_or(i64::MAX);
         let in_flight = self.in_flight.lock().map(|f| f.clone()).unwrap_or_default();
-        for s in self
+        let sessions = self
             .store
             .sessions_with_status(&[Status::Creating, Status::Ready])
-            .await?
-        {
+            .await?;
+        // Every ready sandbox is probed at once: one wedged sandbox delays the pass by one probe
+        // timeout, not one per session.
+        let handles: Vec<Option<SandboxHandle>> = sessions.iter().map(|s| self.handle(s)).collect();
+        let probes = sessions.iter().zip(&handles).map(|(s, h)| async move {
+            match (h, s.status) {
+                (Some(h), Status::Ready) => Some(self.backend.liveness(h).await),
+                _ => None,
+            }
+        });
+        let liveness = futures_util::future::join_all(probes).await;
+        let unhealthy: Vec<u32> = {
+            let mut counts = self.unhealthy.lock().unwrap_or_else(|p| p.into_inner());
+            counts.retain(|id, _| sessions.iter().any(|s| &s.id == id));
+            sessions
+                .iter()
+                .zip(&liveness)
+                .map(|(s, l)| match l {
+                    Some(Liveness::Unhealthy(why)) => {
+                        let n = counts.entry(s.id.clone()).or_insert(0);
+                        *n += 1;
+                        tracing::warn!(session = %s.id, failures = *n, reason = %why, "health probe failed");
+                        *n
+                    }
+                    _ => {
+                        counts.remove(&s.id);
+                        0
+                    }
+                })
+                .collect()
+        };
+        for (((s, handle), liveness), unhealthy) in sessions.into_iter().zip(handles).zip(liveness).zip(unhealthy) {
             let in_flight = in_flight.contains(&s.id)
                 || (s.status == Status::Creating
                     && self
@@ -758,12 +809,7 @@ impl App {
                         .lease_holder(&bringup_lease(&s.id), now)
                         .await?
                         .is_some_and(|h| h != self.replica));
-            let handle = self.handle(&s);
-            let liveness = match (&handle, s.status) {
-                (Some(h), Status::Ready) => Some(self.backend.liveness(h).await),
-                _ => None,
-            };
-            match lifecycle::decide(&s, now, create_ms, in_flight, liveness) {
+            match lifecycle::decide(&s, now, create_ms, in_flight, liveness, unhealthy) {
                 Action::Nothing => {}
                 Action::Fail(reason) => {
                     if self
@@ -776,16 +822,15 @@ impl App {
                         self.emit(&s.id).await;
                     }
                 }
-                Action::Vanished => {
-                    let reason = "the sandbox stopped unexpectedly";
+                Action::Vanished(reason) => {
                     if self
                         .store
-                        .transition(&s.id, Status::Ready, Status::Dead, Some(reason), None)
+                        .transition(&s.id, Status::Ready, Status::Dead, Some(&reason), None)
                         .await?
                     {
-                        tracing::warn!(session = %s.id, "sandbox vanished");
+                        tracing::warn!(session = %s.id, reason = %reason, "sandbox vanished or stopped answering");
                         if let Some(h) = &handle {
-                            self.backend.destroy(h).await;
+                            self.destroy_sandbox(h).await;
                         }
                         self.metrics.sessions_vanished.inc();
                         self.emit(&s.id).await;
@@ -799,7 +844,7 @@ impl App {
                     {
                         tracing::info!(session = %s.id, "idle timeout: stopping");
                         if let Some(h) = &handle {
-                            self.backend.destroy(h).await;
+                            self.destroy_sandbox(h).await;
                         }
                         self.metrics.sessions_reaped.inc();
                         self.emit(&s.id).await;

@@ -11,6 +11,7 @@ pub mod backend;
 pub mod crypto;
 pub mod env_vars;
 pub mod error;
+pub mod harness;
 pub mod keys;
 pub mod lifecycle;
 pub mod metrics;

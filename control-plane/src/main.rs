@@ -8,6 +8,8 @@ use lap_control_plane::{api, reconciler, server};
 
 #[tokio::main]
 async fn main() -> ExitCode {
+    // Everything the server creates (database, keys, sandboxes' files) is its own only.
+    nix::sys::stat::umask(nix::sys::stat::Mode::from_bits_truncate(0o077));
     let filter = std::env::var("LAP_LOG")
         .or_else(|_| std::env::var("RUST_LOG"))
         .unwrap_or_else(|_| "info".into());
@@ -24,8 +26,9 @@ async fn main() -> ExitCode {
             return ExitCode::from(2);
         }
     };
+    // Shown once, on stderr: never in the JSON log stream (stdout), which is collected.
     if srv.keys.created_master_key {
-        println!(
+        eprintln!(
             "Created a master key (kept in {}/master_key, shown only now):\n\n    MASTER_KEY={}\n",
             settings.data_dir.display(),
             srv.keys.master_key
@@ -40,7 +43,7 @@ async fn main() -> ExitCode {
     };
     tokio::spawn(reconciler::run(srv.app.clone(), settings.reconcile_interval));
     tracing::info!(listen = %settings.listen, "lap-server listening");
-    println!("lap-server listening on http://{}", settings.listen);
+    eprintln!("lap-server listening on http://{}", settings.listen);
     // Ctrl-C / SIGTERM: stop accepting, let requests finish, but never wait more than 5 s on
     // long-lived streams (SSE). Sandboxes keep running; the next start adopts them.
     let (stop_tx, stop_rx) = tokio::sync::watch::channel(false);

@@ -195,7 +195,10 @@ pub struct Session {
     pub status: Status,
     pub phase: String,
     pub failure_reason: Option<String>,
-    pub tty_token: String,
+    /// `sha256:<hex>` of the session's terminal token ([`crate::crypto::Cipher::tty_token`]).
+    pub tty_token_hash: String,
+    /// What isolates its harness (`bubblewrap`, `none`, `pod`), from the backend that made it.
+    pub isolation: Option<String>,
     /// Encrypted [`crate::backend::SandboxHandle`] once the sandbox exists.
     pub sandbox: Option<String>,
     pub created_at: i64,
@@ -215,6 +218,10 @@ pub struct SessionView {
     pub failure_reason: Option<String>,
     pub tty_url: String,
     pub tty_token: String,
+    /// `bubblewrap`, `pod`, or `none` (a development server without isolation: the agent ran
+    /// as the server's user, with the platform's files in reach).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub isolation: Option<String>,
     pub created_at: String,
     pub last_seen_at: String,
     pub stopped_at: Option<String>,
@@ -222,7 +229,8 @@ pub struct SessionView {
 }
 
 impl Session {
-    pub fn view(&self) -> SessionView {
+    /// The session as the API shows it; `tty_token` is its terminal token (derived, not stored).
+    pub fn view(&self, tty_token: String) -> SessionView {
         SessionView {
             id: self.id.clone(),
             agent_id: self.agent_id.clone(),
@@ -231,7 +239,8 @@ impl Session {
             phase: self.phase.clone(),
             failure_reason: self.failure_reason.clone(),
             tty_url: format!("/api/v1/managed_agents/sessions/{}/tty", self.id),
-            tty_token: self.tty_token.clone(),
+            tty_token,
+            isolation: self.isolation.clone(),
             created_at: rfc3339(self.created_at),
             last_seen_at: rfc3339(self.last_seen_at),
             stopped_at: self.stopped_at.map(rfc3339),

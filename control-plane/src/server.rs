@@ -7,12 +7,12 @@ use lap_vault_sidecar::config::{read_config, SidecarConfig};
 
 use crate::app::{App, AppConfig};
 use crate::backend::kubernetes::KubernetesBackend;
-use crate::backend::local::{LocalBackend, LocalConfig};
+use crate::backend::local::{parse_ro_paths, Isolation, LocalBackend, LocalConfig};
 use crate::backend::sandbox::PodSettings;
 use crate::backend::SandboxBackend;
 use crate::crypto::Cipher;
 use crate::keys;
-use crate::settings::{BackendKind, KubernetesSettings, Settings};
+use crate::settings::{BackendKind, KubernetesSettings, LocalIsolation, Settings};
 use crate::store::{sqlite_url, Store};
 
 /// A configuration problem: `lap-server` exits 2 with it.
@@ -120,10 +120,38 @@ pub struct Server {
     pub keys: keys::Keys,
 }
 
+/// The data dir, 0700, and its SQLite files 0600 (older installs made them 0755/0644).
+fn private_data_dir(dir: &Path) -> Result<(), StartError> {
+    use std::os::unix::fs::{DirBuilderExt, PermissionsExt};
+    let err = |e: std::io::Error| StartError::Config(format!("LAP_DATA_DIR {}: {e}", dir.display()));
+    std::fs::DirBuilder::new()
+        .recursive(true)
+        .mode(0o700)
+        .create(dir)
+        .map_err(err)?;
+    std::fs::set_permissions(dir, std::fs::Permissions::from_mode(0o700)).map_err(err)?;
+    for f in ["lap.db", "lap.db-wal", "lap.db-shm", "master_key", "encryption_key"] {
+        let p = dir.join(f);
+        if p.exists() {
+            std::fs::set_permissions(&p, std::fs::Permissions::from_mode(0o600)).map_err(err)?;
+        }
+    }
+    Ok(())
+}
+
+/// `<data dir>-sandboxes`: beside the data dir, not in it.
+fn default_sandbox_root(data_dir: &Path) -> PathBuf {
+    let mut name = data_dir
+        .file_name()
+        .map(|n| n.to_os_string())
+        .unwrap_or_else(|| "lap".into());
+    name.push("-sandboxes");
+    data_dir.with_file_name(name)
+}
+
 /// Validate settings and build the server (creating the data dir and keys on first start).
 pub async fn build(settings: &Settings) -> Result<Server, StartError> {
-    std::fs::create_dir_all(&settings.data_dir)
-        .map_err(|e| StartError::Config(format!("LAP_DATA_DIR {}: {e}", settings.data_dir.display())))?;
+    private_data_dir(&settings.data_dir)?;
     let keys = keys::load_or_create(
         &settings.data_dir,
         settings.master_key.as_deref(),
@@ -135,14 +163,30 @@ pub async fn build(settings: &Settings) -> Result<Server, StartError> {
                 Some(p) => load_base_config(p)?,
                 None => SidecarConfig::default(),
             };
-            let root = std::fs::canonicalize(&settings.data_dir)
-                .unwrap_or_else(|_| settings.data_dir.clone())
-                .join("sandboxes");
+            let data_dir = std::fs::canonicalize(&settings.data_dir).unwrap_or_else(|_| settings.data_dir.clone());
+            let isolation = match settings.local_isolation {
+                LocalIsolation::Bubblewrap => Isolation::Bubblewrap,
+                LocalIsolation::None => {
+                    tracing::warn!(
+                        "LAP_LOCAL_ISOLATION=none: sessions run WITHOUT a sandbox, as this server's user; \
+                         their agents can read every real key and the platform's files (development only)"
+                    );
+                    Isolation::None
+                }
+            };
+            let ro_paths = parse_ro_paths(&settings.local_ro_paths).map_err(StartError::Config)?;
             Arc::new(LocalBackend::new(LocalConfig {
-                root,
+                root: data_dir.join("sandboxes"),
+                sandbox_root: settings
+                    .local_sandbox_root
+                    .clone()
+                    .unwrap_or_else(|| default_sandbox_root(&data_dir)),
                 sidecar_bin: find_binary("vault-sidecar", settings.sidecar_bin.as_deref())?,
                 harness_bin: find_binary("lap-harness", settings.harness_bin.as_deref())?,
                 base,
+                isolation,
+                ro_paths,
+                sandbox_uid: settings.local_sandbox_uid,
             })?)
         }
         BackendKind::Kubernetes => {
@@ -160,9 +204,17 @@ pub async fn build(settings: &Settings) -> Result<Server, StartError> {
         .clone()
         .unwrap_or_else(|| sqlite_url(&settings.data_dir));
     let store = Store::connect(&url).await?;
+    let cipher = Cipher::from_setting(&keys.encryption_key);
+    let rehashed = store.hash_clear_tty_tokens(|id| cipher.tty_token(id)).await?;
+    if rehashed > 0 {
+        tracing::info!(
+            sessions = rehashed,
+            "terminal tokens stored in clear were replaced by hashes"
+        );
+    }
     let app = App::new(
         store,
-        Cipher::from_setting(&keys.encryption_key),
+        cipher,
         backend,
         AppConfig {
             master_key: keys.master_key.clone(),

@@ -8,6 +8,16 @@ use clap::{Parser, ValueEnum};
 
 use crate::backend::sandbox::SandboxApiVersion;
 
+/// `LAP_LOCAL_ISOLATION`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+pub enum LocalIsolation {
+    /// Linux namespaces through bubblewrap.
+    #[value(alias = "bwrap")]
+    Bubblewrap,
+    /// No isolation (development only).
+    None,
+}
+
 /// Which sandbox backend runs sessions.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
 pub enum BackendKind {
@@ -63,6 +73,23 @@ pub struct Settings {
     /// The `lap-harness` binary (default: next to `lap-server`, then PATH).
     #[arg(long, env = "LAP_HARNESS_BIN")]
     pub harness_bin: Option<PathBuf>,
+    /// Local backend: how each session's harness is isolated. `bubblewrap` (default): its own
+    /// user, mount, pid, network, ipc and uts namespaces. `none`: development only, the agent runs
+    /// as this server's user and can read the platform's files.
+    #[arg(long, env = "LAP_LOCAL_ISOLATION", value_enum, default_value = "bubblewrap")]
+    pub local_isolation: LocalIsolation,
+    /// Local backend: where the sandboxes' own directories (home, tmp) live; default
+    /// `<data dir>-sandboxes`, beside the data dir (which stays 0700 and invisible to them).
+    #[arg(long, env = "LAP_LOCAL_SANDBOX_ROOT")]
+    pub local_sandbox_root: Option<PathBuf>,
+    /// Local backend: more host paths visible read-only in every sandbox, `:`-separated
+    /// (agent CLIs installed outside /usr and /opt, e.g. `/nix/store:/home/me/.local/lib`).
+    #[arg(long, env = "LAP_LOCAL_RO_PATHS", default_value = "")]
+    pub local_ro_paths: String,
+    /// Local backend, server running as root: the uid (and gid) sandboxes run as, one that owns
+    /// nothing of the platform.
+    #[arg(long, env = "LAP_LOCAL_SANDBOX_UID", default_value = "10001")]
+    pub local_sandbox_uid: u32,
     /// Kubernetes backend: the settings that shape each session's pod.
     #[command(flatten)]
     pub k8s: KubernetesSettings,

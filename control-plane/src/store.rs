@@ -54,6 +54,13 @@ fn migrator() -> Migrator {
             Cow::Borrowed(include_str!("../migrations/0002_leases.sql")),
             false,
         ),
+        Migration::new(
+            3,
+            Cow::Borrowed("sandbox isolation"),
+            MigrationType::Simple,
+            Cow::Borrowed(include_str!("../migrations/0003_sandbox_isolation.sql")),
+            false,
+        ),
     ];
     Migrator {
         migrations: Cow::Owned(migrations),
@@ -246,8 +253,8 @@ impl Store {
     pub async fn insert_session(&self, s: &Session) -> Result<(), StoreError> {
         sqlx::query(
             "INSERT INTO sessions (id, agent_id, title, status, phase, failure_reason, tty_token, sandbox_enc, \
-             created_at, last_seen_at, stopped_at, idle_timeout_ms) \
-             VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12)",
+             created_at, last_seen_at, stopped_at, idle_timeout_ms, isolation) \
+             VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13)",
         )
         .bind(&s.id)
         .bind(&s.agent_id)
@@ -255,12 +262,13 @@ impl Store {
         .bind(s.status.as_str())
         .bind(&s.phase)
         .bind(s.failure_reason.clone())
-        .bind(&s.tty_token)
+        .bind(&s.tty_token_hash)
         .bind(s.sandbox.clone())
         .bind(s.created_at)
         .bind(s.last_seen_at)
         .bind(s.stopped_at)
         .bind(s.idle_timeout_ms)
+        .bind(s.isolation.clone())
         .execute(&self.pool)
         .await
         .map_err(map_unique)?;
@@ -437,13 +445,33 @@ impl Store {
     }
 
     /// Whether the database answers.
+    /// Rows written before tokens were hashed hold a token in clear: replace each with the
+    /// hash of `token_of(session id)` (the derived token). Returns how many were rewritten.
+    pub async fn hash_clear_tty_tokens(&self, token_of: impl Fn(&str) -> String) -> Result<u64, StoreError> {
+        let rows = sqlx::query("SELECT id FROM sessions WHERE tty_token NOT LIKE 'sha256:%'")
+            .fetch_all(&self.pool)
+            .await?;
+        let mut n = 0;
+        for r in rows {
+            let id: String = r.try_get(0)?;
+            let hash = crate::crypto::token_hash(&token_of(&id));
+            n += sqlx::query("UPDATE sessions SET tty_token = $1 WHERE id = $2")
+                .bind(hash)
+                .bind(&id)
+                .execute(&self.pool)
+                .await?
+                .rows_affected();
+        }
+        Ok(n)
+    }
+
     pub async fn ping(&self) -> bool {
         sqlx::query("SELECT 1").fetch_one(&self.pool).await.is_ok()
     }
 }
 
 const SESSION_COLUMNS: &str = "SELECT id, agent_id, title, status, phase, failure_reason, tty_token, sandbox_enc, \
-                               created_at, last_seen_at, stopped_at, idle_timeout_ms FROM sessions";
+                               created_at, last_seen_at, stopped_at, idle_timeout_ms, isolation FROM sessions";
 
 fn agent_row(r: &AnyRow) -> Result<AgentRow, StoreError> {
     Ok(AgentRow {
@@ -476,11 +504,12 @@ fn session_row(r: &AnyRow) -> Result<Session, StoreError> {
         status: Status::parse(&status).ok_or_else(|| StoreError::Corrupt(format!("status `{status}`")))?,
         phase: r.try_get(4)?,
         failure_reason: r.try_get(5)?,
-        tty_token: r.try_get(6)?,
+        tty_token_hash: r.try_get(6)?,
         sandbox: r.try_get(7)?,
         created_at: r.try_get(8)?,
         last_seen_at: r.try_get(9)?,
         stopped_at: r.try_get(10)?,
         idle_timeout_ms: r.try_get(11)?,
+        isolation: r.try_get(12)?,
     })
 }

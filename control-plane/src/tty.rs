@@ -24,7 +24,83 @@ pub const TOUCH_EVERY: Duration = Duration::from_secs(1);
 /// How long dialling the harness may take.
 const DIAL_TIMEOUT: Duration = Duration::from_secs(10);
 
-type Upstream = tokio_tungstenite::WebSocketStream<tokio_tungstenite::MaybeTlsStream<tokio::net::TcpStream>>;
+/// The harness's side: over TCP (a pod) or its Unix socket (a local sandbox).
+type Upstream = tokio_tungstenite::WebSocketStream<HarnessStream>;
+
+/// A connection to a harness.
+enum HarnessStream {
+    Tcp(tokio::net::TcpStream),
+    Unix(tokio::net::UnixStream),
+}
+
+impl tokio::io::AsyncRead for HarnessStream {
+    fn poll_read(
+        self: std::pin::Pin<&mut Self>,
+        cx: &mut std::task::Context<'_>,
+        buf: &mut tokio::io::ReadBuf<'_>,
+    ) -> std::task::Poll<std::io::Result<()>> {
+        match self.get_mut() {
+            Self::Tcp(s) => std::pin::Pin::new(s).poll_read(cx, buf),
+            Self::Unix(s) => std::pin::Pin::new(s).poll_read(cx, buf),
+        }
+    }
+}
+
+impl tokio::io::AsyncWrite for HarnessStream {
+    fn poll_write(
+        self: std::pin::Pin<&mut Self>,
+        cx: &mut std::task::Context<'_>,
+        buf: &[u8],
+    ) -> std::task::Poll<std::io::Result<usize>> {
+        match self.get_mut() {
+            Self::Tcp(s) => std::pin::Pin::new(s).poll_write(cx, buf),
+            Self::Unix(s) => std::pin::Pin::new(s).poll_write(cx, buf),
+        }
+    }
+
+    fn poll_flush(
+        self: std::pin::Pin<&mut Self>,
+        cx: &mut std::task::Context<'_>,
+    ) -> std::task::Poll<std::io::Result<()>> {
+        match self.get_mut() {
+            Self::Tcp(s) => std::pin::Pin::new(s).poll_flush(cx),
+            Self::Unix(s) => std::pin::Pin::new(s).poll_flush(cx),
+        }
+    }
+
+    fn poll_shutdown(
+        self: std::pin::Pin<&mut Self>,
+        cx: &mut std::task::Context<'_>,
+    ) -> std::task::Poll<std::io::Result<()>> {
+        match self.get_mut() {
+            Self::Tcp(s) => std::pin::Pin::new(s).poll_shutdown(cx),
+            Self::Unix(s) => std::pin::Pin::new(s).poll_shutdown(cx),
+        }
+    }
+}
+
+/// Open the harness's `/tty` WebSocket for `req`, through its Unix socket when it has one.
+async fn dial(
+    handle: &crate::backend::SandboxHandle,
+    req: tungstenite::handshake::client::Request,
+) -> Result<Upstream, tungstenite::Error> {
+    match &handle.harness_socket {
+        Some(path) => {
+            let stream = tokio::net::UnixStream::connect(path).await?;
+            let (ws, _) = tokio_tungstenite::client_async(req, HarnessStream::Unix(stream)).await?;
+            Ok(ws)
+        }
+        None => {
+            let uri = req.uri();
+            let host = uri.host().unwrap_or_default().trim_matches(['[', ']']).to_owned();
+            let port = uri.port_u16().unwrap_or(80);
+            let stream = tokio::net::TcpStream::connect((host.as_str(), port)).await?;
+            let _ = stream.set_nodelay(true);
+            let (ws, _) = tokio_tungstenite::client_async(req, HarnessStream::Tcp(stream)).await?;
+            Ok(ws)
+        }
+    }
+}
 
 /// `?token=` and the initial terminal size, passed on to the harness.
 #[derive(Debug, Default, Deserialize)]
@@ -75,8 +151,8 @@ pub async fn tty(
         .parse()
         .map_err(|_| ApiError::Internal("harness token is not a header value".into()))?;
     req.headers_mut().insert(header::AUTHORIZATION, auth);
-    let upstream = match tokio::time::timeout(DIAL_TIMEOUT, tokio_tungstenite::connect_async(req)).await {
-        Ok(Ok((up, _))) => up,
+    let upstream = match tokio::time::timeout(DIAL_TIMEOUT, dial(&handle, req)).await {
+        Ok(Ok(up)) => up,
         Ok(Err(tungstenite::Error::Http(r))) => {
             let body = r
                 .body()

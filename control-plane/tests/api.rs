@@ -32,9 +32,13 @@ async fn setup(url: Option<String>) -> Harness {
     let store = Store::connect(&url).await.unwrap();
     let backend = LocalBackend::new(LocalConfig {
         root: dir.path().join("sandboxes"),
+        sandbox_root: dir.path().join("sandbox-homes"),
         sidecar_bin: dir.path().join("no-such-vault-sidecar"),
         harness_bin: dir.path().join("no-such-lap-harness"),
         base: Default::default(),
+        isolation: lap_control_plane::backend::local::Isolation::Bubblewrap,
+        ro_paths: vec![],
+        sandbox_uid: 10001,
     })
     .unwrap();
     let app = App::new(

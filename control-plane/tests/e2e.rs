@@ -67,19 +67,37 @@ async fn claude_code_session_gets_a_reply_through_the_vault() {
     let session = server.wait_settled(&sid, Duration::from_secs(90)).await;
     assert_eq!(session["status"], "ready", "{session}");
 
-    // A private sandbox: 0700 directories, 0600 config and secrets.
-    let sandbox = server.data_dir.join("sandboxes").join(&sid);
+    // Private files: 0700 directories, 0600 config; the sandbox's own home and tmp 0700. No
+    // file anywhere holds the real key: the sidecar got it over a pipe.
+    let private = server.private_dir(&sid);
+    let sandbox = server.sandbox_dir(&sid);
     let mode = |p: &std::path::Path| std::fs::metadata(p).unwrap().permissions().mode() & 0o777;
-    for d in [sandbox.clone(), sandbox.join("home"), sandbox.join("tmp")] {
+    for d in [private.clone(), sandbox.join("home"), sandbox.join("tmp")] {
         assert_eq!(mode(&d), 0o700, "{}", d.display());
     }
-    for f in ["sidecar.toml", "secrets.json", "admin_token"] {
-        assert_eq!(mode(&sandbox.join(f)), 0o600, "{f}");
+    for f in ["sidecar.toml", "admin_token"] {
+        assert_eq!(mode(&private.join(f)), 0o600, "{f}");
     }
+    assert!(!private.join("secrets.json").exists());
+    for dir in [&server.data_dir, &sandbox] {
+        for (path, bytes) in support::server::files_below(dir) {
+            assert!(
+                !String::from_utf8_lossy(&bytes).contains(&real),
+                "the real key is in {}",
+                path.display()
+            );
+        }
+    }
+    let pids = support::server::sandbox_pids(&private);
+    let sidecar_env = std::fs::read(format!("/proc/{}/environ", pids[2])).unwrap();
+    assert!(
+        !String::from_utf8_lossy(&sidecar_env).contains(&real),
+        "the real key is in the sidecar's environment"
+    );
 
     // The harness holds a stub with the real key's recognisable prefix, never the key.
-    let pids: Vec<i32> = serde_json::from_slice(&std::fs::read(sandbox.join("pids.json")).unwrap()).unwrap();
-    let environ = std::fs::read(format!("/proc/{}/environ", pids[1])).unwrap();
+    let harness = support::server::sandbox_harness_pid(&private);
+    let environ = std::fs::read(format!("/proc/{harness}/environ")).unwrap();
     let env: Vec<String> = environ
         .split(|b| *b == 0)
         .map(|kv| String::from_utf8_lossy(kv).into_owned())
@@ -101,7 +119,7 @@ async fn claude_code_session_gets_a_reply_through_the_vault() {
     ] {
         assert!(env.iter().any(|kv| kv.starts_with(&format!("{k}="))), "{k} missing");
     }
-    assert!(env.contains(&format!("HOME={}", sandbox.join("home").display())));
+    assert!(env.contains(&"HOME=/home/agent".to_owned()), "{env:?}");
     assert!(
         !env.iter().any(|kv| kv.starts_with("MASTER_KEY=")),
         "server secrets leaked into the harness"
@@ -153,6 +171,14 @@ async fn claude_code_session_gets_a_reply_through_the_vault() {
     let (s, v) = server.call("DELETE", &format!("{A}/sessions/{sid}"), None).await;
     assert_eq!((s, v["status"].as_str()), (200, Some("dead")));
     assert!(!sandbox.exists(), "the sandbox directory was not removed");
+    assert!(!private.exists(), "the sandbox's private directory was not removed");
+    for pid in pids {
+        assert!(
+            !std::path::Path::new(&format!("/proc/{pid}")).exists()
+                || std::fs::read_to_string(format!("/proc/{pid}/stat")).is_ok_and(|s| s.contains(") Z ")),
+            "process {pid} of the stopped sandbox still runs"
+        );
+    }
 }
 
 /// codex: `codex login --with-api-key` with the stub at start, then `codex exec --json` and
@@ -192,7 +218,7 @@ async fn codex_session_gets_a_reply_through_the_vault() {
     let sid = session["id"].as_str().unwrap().to_owned();
     let session = server.wait_settled(&sid, Duration::from_secs(90)).await;
     assert_eq!(session["status"], "ready", "{session}");
-    let sandbox = server.data_dir.join("sandboxes").join(&sid);
+    let sandbox = server.sandbox_dir(&sid);
     let auth = std::fs::read_to_string(sandbox.join("home/.codex/auth.json")).unwrap_or_default();
     assert!(
         auth.contains("sk-proj-lapstub") && !auth.contains(&real),
@@ -318,8 +344,14 @@ async fn claude_agent_sdk_session_gets_a_reply_through_the_vault() {
 #[tokio::test(flavor = "multi_thread")]
 async fn missing_agent_cli_fails_the_session_with_a_reason() {
     let tmp = tempfile::tempdir().unwrap();
+    // Nothing on PATH but bubblewrap itself.
     let empty = tmp.path().join("empty-path");
     std::fs::create_dir_all(&empty).unwrap();
+    let bwrap = std::env::split_paths(&std::env::var_os("PATH").unwrap())
+        .map(|d| d.join("bwrap"))
+        .find(|p| p.is_file())
+        .expect("bwrap on PATH (bash .ci/run installs bubblewrap)");
+    std::os::unix::fs::symlink(bwrap, empty.join("bwrap")).unwrap();
     let server = LapServer::start(&tmp.path().join("data"), &[("PATH", empty.display().to_string())]).await;
     let (_, agent) = server
         .call(
@@ -336,5 +368,6 @@ async fn missing_agent_cli_fails_the_session_with_a_reason() {
     assert_eq!(v["status"], "failed", "{v}");
     let reason = v["failure_reason"].as_str().unwrap();
     assert!(reason.contains("codex") && reason.contains("not installed"), "{reason}");
-    assert!(!server.data_dir.join("sandboxes").join(sid).exists());
+    assert!(!server.private_dir(sid).exists());
+    assert!(!server.sandbox_dir(sid).exists());
 }

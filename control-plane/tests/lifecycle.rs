@@ -52,9 +52,9 @@ async fn wait_status(server: &LapServer, sid: &str, want: &str, timeout: Duratio
     }
 }
 
+/// `[harness (bubblewrap), sidecar]`: the order the local backend starts them in.
 fn sandbox_pids(server: &LapServer, sid: &str) -> Vec<i32> {
-    let b = std::fs::read(server.data_dir.join("sandboxes").join(sid).join("pids.json")).unwrap();
-    serde_json::from_slice(&b).unwrap()
+    support::server::sandbox_pids(&server.private_dir(sid))
 }
 
 fn base_config(dir: &std::path::Path, standin: &StandIn) -> String {
@@ -117,7 +117,7 @@ async fn continuity_restart_adoption_and_vanished_sandbox() {
 
     // The harness disappears: the reconciler marks the session dead and cleans up.
     let pids = sandbox_pids(&server, &sid);
-    nix::sys::signal::kill(nix::unistd::Pid::from_raw(pids[1]), nix::sys::signal::Signal::SIGKILL).unwrap();
+    nix::sys::signal::kill(nix::unistd::Pid::from_raw(pids[0]), nix::sys::signal::Signal::SIGKILL).unwrap();
     let v = wait_status(&server, &sid, "dead", Duration::from_secs(30)).await;
     assert!(
         v["failure_reason"].as_str().unwrap().contains("stopped unexpectedly"),
@@ -125,7 +125,8 @@ async fn continuity_restart_adoption_and_vanished_sandbox() {
     );
     let (s, _) = message(&server, &sid, "four").await;
     assert_eq!(s, 409);
-    wait_removed(&data.join("sandboxes").join(&sid)).await;
+    wait_removed(&server.private_dir(&sid)).await;
+    wait_removed(&server.sandbox_dir(&sid)).await;
 }
 
 async fn wait_removed(dir: &std::path::Path) {
@@ -149,11 +150,7 @@ async fn initial_prompt_is_sent_once_ready() {
     .await;
     let (_, v) = server.call("GET", &format!("{A}/sessions/{sid}"), None).await;
     assert_eq!(v["title"], "boot");
-    let calls = server
-        .data_dir
-        .join("sandboxes")
-        .join(&sid)
-        .join("home/fake-claude-calls.log");
+    let calls = server.sandbox_dir(&sid).join("home/fake-claude-calls.log");
     let deadline = Instant::now() + Duration::from_secs(30);
     while !std::fs::read_to_string(&calls)
         .unwrap_or_default()

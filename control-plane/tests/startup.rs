@@ -11,8 +11,8 @@ use std::time::{Duration, Instant};
 use support::server::workspace_bin;
 
 /// Start `lap-server` in `cwd` with only LAP_LISTEN set (and the binaries); wait for /health;
-/// stop it; return its stdout.
-async fn run_once(cwd: &std::path::Path) -> String {
+/// stop it; return its stdout (the JSON log stream) and stderr.
+async fn run_once(cwd: &std::path::Path) -> (String, String) {
     let port = std::net::TcpListener::bind("127.0.0.1:0")
         .unwrap()
         .local_addr()
@@ -28,7 +28,7 @@ async fn run_once(cwd: &std::path::Path) -> String {
         .env("LAP_SIDECAR_BIN", workspace_bin("vault-sidecar"))
         .env("LAP_HARNESS_BIN", workspace_bin("lap-harness"))
         .stdout(Stdio::piped())
-        .stderr(Stdio::null())
+        .stderr(Stdio::piped())
         .kill_on_drop(true)
         .spawn()
         .unwrap();
@@ -52,29 +52,50 @@ async fn run_once(cwd: &std::path::Path) -> String {
         .await
         .unwrap()
         .unwrap();
-    String::from_utf8_lossy(&out.stdout).into_owned()
+    (
+        String::from_utf8_lossy(&out.stdout).into_owned(),
+        String::from_utf8_lossy(&out.stderr).into_owned(),
+    )
 }
 
 #[tokio::test]
 async fn first_start_creates_private_keys_and_prints_the_master_key_once() {
     let cwd = tempfile::tempdir().unwrap();
-    let out = run_once(cwd.path()).await;
+    let (log, err) = run_once(cwd.path()).await;
     let lap = cwd.path().join(".lap");
     let key = std::fs::read_to_string(lap.join("master_key"))
         .unwrap()
         .trim()
         .to_owned();
-    assert!(out.contains(&format!("MASTER_KEY={key}")), "{out}");
-    for f in ["master_key", "encryption_key"] {
-        assert_eq!(
-            std::fs::metadata(lap.join(f)).unwrap().permissions().mode() & 0o777,
-            0o600,
-            "{f}"
-        );
-    }
+    // Shown once on stderr, for the person who started it; never in the JSON log stream.
+    assert!(err.contains(&format!("MASTER_KEY={key}")), "{err}");
+    assert!(!log.contains(&key), "the master key is in the log stream: {log}");
+    assert!(
+        log.lines()
+            .all(|l| serde_json::from_str::<serde_json::Value>(l).is_ok()),
+        "stdout holds only JSON log lines: {log}"
+    );
+    let mode = |p: &std::path::Path| std::fs::metadata(p).unwrap().permissions().mode() & 0o777;
+    assert_eq!(mode(&lap), 0o700, "the data dir");
     assert!(lap.join("lap.db").is_file(), "SQLite under ./.lap");
-    let again = run_once(cwd.path()).await;
-    assert!(!again.contains(&key), "the master key was printed twice: {again}");
+    for f in ["master_key", "encryption_key", "lap.db"] {
+        assert_eq!(mode(&lap.join(f)), 0o600, "{f}");
+    }
+    for e in std::fs::read_dir(&lap).unwrap().flatten() {
+        if e.file_type().unwrap().is_file() {
+            assert_eq!(
+                mode(&e.path()) & 0o077,
+                0,
+                "{} is readable by others",
+                e.path().display()
+            );
+        }
+    }
+    let (again, again_err) = run_once(cwd.path()).await;
+    assert!(
+        !again.contains(&key) && !again_err.contains(&key),
+        "the master key was printed twice: {again}{again_err}"
+    );
 }
 
 fn exit_code(env: &[(&str, &str)]) -> (i32, String) {

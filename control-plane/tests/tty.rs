@@ -255,7 +255,25 @@ async fn bring_up_phases_show_in_the_session() {
         "git",
         &format!("#!/bin/sh\nsleep 2\nexec {} \"$@\"\n", real_git.display()),
     );
-    let server = LapServer::start(&tmp.path().join("data"), &[("PATH", path_with(&bin))]).await;
+    // The repository is on the host: visible, read-only, in the sandbox. git clones only from
+    // a repository its user owns (safe.directory): a server running as root runs sandboxes as
+    // uid 10001, so that is who owns it here.
+    if nix::unistd::geteuid().is_root() {
+        let st = std::process::Command::new("chown")
+            .args(["-R", "10001:10001"])
+            .arg(&repo)
+            .status()
+            .unwrap();
+        assert!(st.success());
+    }
+    let server = LapServer::start(
+        &tmp.path().join("data"),
+        &[
+            ("PATH", path_with(&bin)),
+            ("LAP_LOCAL_RO_PATHS", format!("{}:{}", bin.display(), repo.display())),
+        ],
+    )
+    .await;
     let (_, agent) = server
         .call(
             "POST",
@@ -291,8 +309,10 @@ async fn bring_up_phases_show_in_the_session() {
     assert!(at("cloning_repo").is_some(), "{phases:?}");
     assert!(at("starting-harness") < at("cloning_repo"), "{phases:?}");
     assert_eq!(phases.last().map(String::as_str), Some("ready"), "{phases:?}");
-    let sandbox = server.data_dir.join("sandboxes").join(id);
-    assert!(sandbox.join("home/workspace/README").is_file(), "not cloned");
+    assert!(
+        server.sandbox_dir(id).join("home/workspace/README").is_file(),
+        "not cloned"
+    );
 }
 
 /// A git server over HTTPS (smart HTTP: `git http-backend` behind python3's `ssl`) that only
@@ -448,7 +468,7 @@ async fn clone_through_the_vault_with_git_token_for_the_clone_only() {
     )
     .await;
     let id = s["id"].as_str().unwrap();
-    let workspace = server.data_dir.join("sandboxes").join(id).join("home/workspace");
+    let workspace = server.sandbox_dir(id).join("home/workspace");
     assert_eq!(
         std::fs::read_to_string(workspace.join("SECRET_README")).unwrap(),
         "private\n"

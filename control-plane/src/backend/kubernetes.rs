@@ -265,6 +265,7 @@ impl KubernetesBackend {
         };
         Ok(SandboxHandle {
             harness_url,
+            harness_socket: None,
             harness_token: spec.harness_token.clone(),
             sidecar_admin_url: format!("http://{host}:{}", sandbox::VAULT_ADMIN_PORT),
             sidecar_admin_token: admin_token,
@@ -345,6 +346,10 @@ pub fn rotate_in_file(file: &mut SecretsFile, name: &str, value: &str, hosts: &[
 
 #[async_trait]
 impl SandboxBackend for KubernetesBackend {
+    fn isolation(&self) -> &'static str {
+        "pod"
+    }
+
     async fn create(&self, spec: SandboxSpec) -> Result<SandboxHandle, BackendError> {
         let result = self.bring_up(&spec).await;
         if result.is_err() {
@@ -355,13 +360,15 @@ impl SandboxBackend for KubernetesBackend {
 
     async fn liveness(&self, handle: &SandboxHandle) -> Liveness {
         let Some(d) = Self::detail(handle) else {
-            return Liveness::Gone;
+            return Liveness::Gone("the sandbox's record is not a Kubernetes one".into());
         };
         match self.sandboxes().get_opt(&d.name).await {
-            Ok(None) => Liveness::Gone,
-            Ok(Some(sb)) if sb.metadata.deletion_timestamp.is_some() => Liveness::Gone,
+            Ok(None) => Liveness::Gone("its Sandbox resource is gone".into()),
+            Ok(Some(sb)) if sb.metadata.deletion_timestamp.is_some() => {
+                Liveness::Gone("its Sandbox resource is being deleted".into())
+            }
             Ok(Some(sb)) => match sandbox::readiness(sb.status.as_ref()) {
-                Readiness::Failed(_) => Liveness::Gone,
+                Readiness::Failed(why) => Liveness::Gone(why),
                 _ => Liveness::Running,
             },
             // The API being unreachable is not the sandbox being gone.

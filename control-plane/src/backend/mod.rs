@@ -60,8 +60,12 @@ pub fn harness_phase(reported: &str) -> Option<&'static str> {
 /// How to reach and stop a running sandbox. Stored encrypted with the session.
 #[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
 pub struct SandboxHandle {
-    /// Base URL of the harness (`http://127.0.0.1:PORT`).
+    /// Base URL of the harness (`http://10.1.2.3:8080`; `http://localhost` over `harness_socket`).
     pub harness_url: String,
+    /// The harness's Unix socket, when it has no TCP port (the local backend's sandboxes have
+    /// no network): requests to `harness_url` go through it.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub harness_socket: Option<std::path::PathBuf>,
     pub harness_token: String,
     /// Base URL of the sidecar's admin port.
     pub sidecar_admin_url: String,
@@ -71,11 +75,15 @@ pub struct SandboxHandle {
     pub detail: serde_json::Value,
 }
 
-/// Whether a sandbox still exists.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+/// Whether a sandbox still runs, and answers.
+#[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Liveness {
     Running,
-    Gone,
+    /// It is gone (a process exited, the pod was deleted); the reason, for `failure_reason`.
+    Gone(String),
+    /// It exists but a health probe failed (a stopped or wedged process); the reason. The
+    /// reconciler ends the session after [`crate::lifecycle::UNHEALTHY_THRESHOLD`] in a row.
+    Unhealthy(String),
 }
 
 /// A backend failure; the message is shown to users as `failure_reason`.
@@ -96,10 +104,13 @@ pub enum BackendError {
 /// A place sessions run.
 #[async_trait]
 pub trait SandboxBackend: Send + Sync + 'static {
+    /// What isolates a session's harness (shown on each session as `isolation`): `bubblewrap`,
+    /// `none` (local, development only), `pod`.
+    fn isolation(&self) -> &'static str;
     /// Bring the sandbox up; returns once the harness answers `/healthz`. On error everything
     /// started is torn down again.
     async fn create(&self, spec: SandboxSpec) -> Result<SandboxHandle, BackendError>;
-    /// Whether the sandbox still runs.
+    /// Whether the sandbox still runs and answers its health probes.
     async fn liveness(&self, handle: &SandboxHandle) -> Liveness;
     /// Stop and remove it; idempotent.
     async fn destroy(&self, handle: &SandboxHandle);

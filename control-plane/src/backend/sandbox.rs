@@ -254,6 +254,7 @@ pub fn vault_config(
     let mut egress = EgressConfig {
         allow: base.egress.allow.clone(),
         deny: base.egress.deny.clone(),
+        deny_local: base.egress.deny_local,
     };
     egress.allow.extend(allow_out.iter().cloned());
     egress.deny.extend(deny_out.iter().cloned());

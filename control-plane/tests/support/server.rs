@@ -26,6 +26,55 @@ pub fn on_path(bin: &str) -> bool {
         .unwrap_or(false)
 }
 
+/// The process group leaders of a sandbox, from its `pids.json` (`[{"pid":…,"start":…}]`).
+pub fn sandbox_pids(private_dir: &Path) -> Vec<i32> {
+    let Ok(bytes) = std::fs::read(private_dir.join("pids.json")) else {
+        return Vec::new();
+    };
+    let procs: Vec<Value> = serde_json::from_slice(&bytes).unwrap_or_default();
+    procs
+        .iter()
+        .filter_map(|p| p["pid"].as_i64().and_then(|p| i32::try_from(p).ok()))
+        .collect()
+}
+
+/// The `lap-harness` process of a sandbox: the child of its init (`pids.json`'s second entry,
+/// pid 1 of the sandbox's pid namespace).
+pub fn sandbox_harness_pid(private_dir: &Path) -> i32 {
+    let init = sandbox_pids(private_dir)[1];
+    for e in std::fs::read_dir("/proc").unwrap().flatten() {
+        let Ok(pid) = e.file_name().to_string_lossy().parse::<i32>() else {
+            continue;
+        };
+        let stat = std::fs::read_to_string(e.path().join("stat")).unwrap_or_default();
+        let Some(rest) = stat.rfind(')').map(|i| &stat[i + 1..]) else {
+            continue;
+        };
+        let ppid: i32 = rest.split_whitespace().nth(1).and_then(|p| p.parse().ok()).unwrap_or(0);
+        if ppid == init {
+            return pid;
+        }
+    }
+    panic!("no process under the sandbox's init {init}");
+}
+
+/// Every file below `dir`, recursively, with its bytes.
+pub fn files_below(dir: &Path) -> Vec<(PathBuf, Vec<u8>)> {
+    let mut out = Vec::new();
+    let Ok(entries) = std::fs::read_dir(dir) else {
+        return out;
+    };
+    for e in entries.flatten() {
+        let p = e.path();
+        match e.file_type() {
+            Ok(t) if t.is_dir() => out.extend(files_below(&p)),
+            Ok(t) if t.is_file() => out.push((p.clone(), std::fs::read(&p).unwrap_or_default())),
+            _ => {}
+        }
+    }
+    out
+}
+
 pub struct LapServer {
     pub url: String,
     pub key: String,
@@ -59,6 +108,22 @@ impl LapServer {
         for (k, v) in env {
             cmd.env(k, v);
         }
+        // Stand-in CLIs live in the test's temporary directory, which a sandbox does not see:
+        // make the PATH entries there visible (read-only) inside, as an operator would with
+        // LAP_LOCAL_RO_PATHS for CLIs installed outside /usr and /opt.
+        if !env.iter().any(|(k, _)| *k == "LAP_LOCAL_RO_PATHS") {
+            let path = env
+                .iter()
+                .find(|(k, _)| *k == "PATH")
+                .map(|(_, v)| v.clone())
+                .unwrap_or_default();
+            let tmp = std::env::temp_dir();
+            let ro: Vec<String> = std::env::split_paths(&path)
+                .filter(|p| p.starts_with(&tmp) && p.is_dir())
+                .map(|p| p.display().to_string())
+                .collect();
+            cmd.env("LAP_LOCAL_RO_PATHS", ro.join(":"));
+        }
         let child = cmd.spawn().unwrap();
         let http = reqwest::Client::builder().no_proxy().build().unwrap();
         let url = format!("http://127.0.0.1:{port}");
@@ -80,6 +145,19 @@ impl LapServer {
             http,
             keep_sandboxes: false,
         }
+    }
+
+    /// A session's own directory (home, tmp, ca): `<data dir>-sandboxes/<id>`, the local
+    /// backend's default sandbox root.
+    pub fn sandbox_dir(&self, session_id: &str) -> PathBuf {
+        let mut name = self.data_dir.file_name().unwrap().to_os_string();
+        name.push("-sandboxes");
+        self.data_dir.with_file_name(name).join(session_id)
+    }
+
+    /// A session's private directory (sidecar config and logs): `<data dir>/sandboxes/<id>`.
+    pub fn private_dir(&self, session_id: &str) -> PathBuf {
+        self.data_dir.join("sandboxes").join(session_id)
     }
 
     pub async fn call(&self, method: &str, path: &str, body: Option<Value>) -> (u16, Value) {
@@ -177,11 +255,7 @@ impl Drop for LapServer {
             return;
         };
         for e in entries.flatten() {
-            let Ok(bytes) = std::fs::read(e.path().join("pids.json")) else {
-                continue;
-            };
-            let pids: Vec<i32> = serde_json::from_slice(&bytes).unwrap_or_default();
-            for pid in pids {
+            for pid in sandbox_pids(&e.path()) {
                 let _ = nix::sys::signal::killpg(nix::unistd::Pid::from_raw(pid), nix::sys::signal::Signal::SIGKILL);
             }
         }

@@ -7,3 +7,4 @@ pub mod agent;
 pub mod bringup;
 pub mod server;
 pub mod tty;
+pub mod vault_handoff;

@@ -5,9 +5,12 @@
 //! opencode, claude-agent-sdk; default claude-code), `LAP_MODEL`, `AGENT_PROMPT`, `REPO_URL`,
 //! `BRANCH`, `GIT_TOKEN` (for the clone only: removed from the environment before anything else
 //! runs), `AGENT_REQUIREMENTS` (a shell command run in the workspace after the clone),
-//! `LAP_HARNESS_HOST` (bind address, default 127.0.0.1). A start-up failure prints
-//! `lap-harness: fatal: <reason>` and exits 3; the control plane shows that reason as the
-//! session's `failure_reason`.
+//! `LAP_HARNESS_HOST` (bind address, default 127.0.0.1), `LAP_HARNESS_SOCKET` (serve on this
+//! Unix socket instead of a TCP port: the local backend's sandboxes have no network), and
+//! `LAP_VAULT_HANDOFF=stdin` with `LAP_VAULT_LISTEN` (the vault's socket is bound here, inside
+//! the sandbox, and handed to the control plane first: [`lap_harness::vault_handoff`]). A
+//! start-up failure prints `lap-harness: fatal: <reason>` and exits 3; the control plane shows
+//! that reason as the session's `failure_reason`.
 
 use std::process::ExitCode;
 use std::sync::Arc;
@@ -31,6 +34,15 @@ fn main() -> ExitCode {
     // so neither the agent nor its terminal ever inherit it.
     let git_token = env("GIT_TOKEN");
     std::env::remove_var("GIT_TOKEN");
+    if env("LAP_VAULT_HANDOFF").as_deref() == Some("stdin") {
+        let listen = env("LAP_VAULT_LISTEN").unwrap_or_else(|| "127.0.0.1:14322".into());
+        if let Err(e) = lap_harness::vault_handoff::run(&listen) {
+            return fatal(e);
+        }
+    }
+    for k in ["LAP_VAULT_HANDOFF", "LAP_VAULT_LISTEN"] {
+        std::env::remove_var(k);
+    }
     let runtime = match tokio::runtime::Runtime::new() {
         Ok(r) => r,
         Err(e) => return fatal(format!("cannot start the async runtime: {e}")),
@@ -92,7 +104,7 @@ async fn run(git_token: Option<String>) -> ExitCode {
                     ("DISABLE_AUTOUPDATER".into(), "1".into()),
                     ("CLAUDE_CODE_DISABLE_NONESSENTIAL_TRAFFIC".into(), "1".into()),
                 ],
-                env_remove: vec!["HARNESS_AUTH_TOKEN".into(), "PORT".into()],
+                env_remove: vec!["HARNESS_AUTH_TOKEN".into(), "PORT".into(), "LAP_HARNESS_SOCKET".into()],
             },
             workspace.clone(),
         )
@@ -115,26 +127,40 @@ async fn run(git_token: Option<String>) -> ExitCode {
         phase: std::sync::RwLock::new(first_phase),
         events: tokio::sync::broadcast::channel(1024).0,
     });
-    // Listen first, so the control plane can follow the bring-up phases on /healthz.
-    // Loopback for the local backend; LAP_HARNESS_HOST=0.0.0.0 in a container.
-    let host = env("LAP_HARNESS_HOST").unwrap_or_else(|| "127.0.0.1".into());
-    let listener = match tokio::net::TcpListener::bind((host.as_str(), port)).await {
-        Ok(l) => l,
-        Err(e) => return fatal(format!("cannot listen on port {port}: {e}")),
-    };
+    // Listen first, so the control plane can follow the bring-up phases on /healthz. A Unix
+    // socket for the local backend (LAP_HARNESS_SOCKET); LAP_HARNESS_HOST=0.0.0.0 in a container.
     let serve_h = Arc::clone(&h);
     let stop_h = Arc::clone(&h);
-    let mut server = tokio::spawn(async move {
-        axum::serve(listener, server::router(serve_h))
-            .with_graceful_shutdown(async move {
-                shutdown_signal().await;
-                // Viewers' WebSockets end when the agent does.
-                if let Some(t) = &stop_h.terminal {
-                    t.shutdown();
-                }
-            })
-            .await
-    });
+    let stopped = async move {
+        shutdown_signal().await;
+        // Viewers' WebSockets end when the agent does.
+        if let Some(t) = &stop_h.terminal {
+            t.shutdown();
+        }
+    };
+    let mut server = if let Some(path) = env("LAP_HARNESS_SOCKET") {
+        let _ = std::fs::remove_file(&path);
+        let listener = match tokio::net::UnixListener::bind(&path) {
+            Ok(l) => l,
+            Err(e) => return fatal(format!("cannot listen on {path}: {e}")),
+        };
+        tokio::spawn(async move {
+            axum::serve(listener, server::router(serve_h))
+                .with_graceful_shutdown(stopped)
+                .await
+        })
+    } else {
+        let host = env("LAP_HARNESS_HOST").unwrap_or_else(|| "127.0.0.1".into());
+        let listener = match tokio::net::TcpListener::bind((host.as_str(), port)).await {
+            Ok(l) => l,
+            Err(e) => return fatal(format!("cannot listen on port {port}: {e}")),
+        };
+        tokio::spawn(async move {
+            axum::serve(listener, server::router(serve_h))
+                .with_graceful_shutdown(stopped)
+                .await
+        })
+    };
 
     let bring_up = async {
         if let Some(url) = env("REPO_URL") {
