@@ -33,6 +33,86 @@ const RESERVED: &[&str] = &[
     "PATH",
 ];
 
+/// Names that change how the sandbox's loaders, interpreters and shells start programs, or that
+/// name a program to run: an `env_vars` entry (whose value the harness sees as a stub) or an
+/// agent's plain environment must not set them. Exact names; prefixes are in
+/// [`RESERVED_PREFIXES`].
+const RESERVED_HOOKS: &[&str] = &[
+    // Node, Bun, Deno
+    "NODE_OPTIONS",
+    "NODE_PATH",
+    "NODE_REPL_EXTERNAL_MODULE",
+    "BUN_OPTIONS",
+    "DENO_DIR",
+    // Shells: start-up files and hooks
+    "BASH_ENV",
+    "ENV",
+    "ZDOTDIR",
+    "PROMPT_COMMAND",
+    "PS4",
+    "IFS",
+    "SHELL",
+    "SHELLOPTS",
+    "BASHOPTS",
+    "CDPATH",
+    "GLOBIGNORE",
+    // git: programs it runs and configuration it reads
+    "GIT_ASKPASS",
+    "GIT_EDITOR",
+    "GIT_EXEC_PATH",
+    "GIT_EXTERNAL_DIFF",
+    "GIT_PAGER",
+    "GIT_PROXY_COMMAND",
+    "GIT_CONFIG",
+    "GIT_CONFIG_GLOBAL",
+    "GIT_CONFIG_SYSTEM",
+    "GIT_CONFIG_COUNT",
+    "GIT_TEMPLATE_DIR",
+    "SSH_ASKPASS",
+    // Other interpreters' start-up hooks
+    "PERL5OPT",
+    "PERL5LIB",
+    "PERLLIB",
+    "RUBYOPT",
+    "RUBYLIB",
+    "JAVA_TOOL_OPTIONS",
+    "_JAVA_OPTIONS",
+    "JDK_JAVA_OPTIONS",
+    "CLASSPATH",
+    // Programs other programs run for you
+    "EDITOR",
+    "VISUAL",
+    "PAGER",
+    "BROWSER",
+    "MANPAGER",
+    "LESSOPEN",
+    "LESSCLOSE",
+    // Where temporary files and the user's files go
+    "TMPDIR",
+    "TMP",
+    "TEMP",
+    "XDG_CONFIG_HOME",
+    "XDG_DATA_HOME",
+    "XDG_RUNTIME_DIR",
+    "USER",
+    "LOGNAME",
+];
+
+/// Prefixes of reserved names: the dynamic loader (`LD_PRELOAD`, `LD_LIBRARY_PATH`, `LD_AUDIT`),
+/// ssh as git runs it (`GIT_SSH`, `GIT_SSH_COMMAND`), git's per-variable configuration
+/// (`GIT_CONFIG_KEY_0`, `GIT_CONFIG_VALUE_0`), Python's start-up (`PYTHONSTARTUP`,
+/// `PYTHONPATH`, `PYTHONHOME`, …), glibc's malloc and locale hooks (`GCONV_PATH`), and
+/// `BASH_FUNC_` exported shell functions.
+const RESERVED_PREFIXES: &[&str] = &[
+    "LD_",
+    "GIT_SSH",
+    "GIT_CONFIG_",
+    "PYTHON",
+    "BASH_FUNC_",
+    "GCONV_",
+    "MALLOC_",
+];
+
 /// Proxy and CA variables of SPEC §2.3, reserved in either case.
 const RESERVED_ANY_CASE: &[&str] = &[
     "HTTPS_PROXY",
@@ -134,6 +214,12 @@ pub fn reserved_reason(key: &str) -> Option<&'static str> {
     }
     if RESERVED_ANY_CASE.iter().any(|r| r.eq_ignore_ascii_case(key)) {
         return Some("proxy and CA variables are set by the platform and cannot be overridden");
+    }
+    if RESERVED_HOOKS.contains(&key) || RESERVED_PREFIXES.iter().any(|p| key.starts_with(p)) {
+        return Some(
+            "this name changes how the sandbox's loaders, interpreters or shells start programs \
+             (LD_*, NODE_OPTIONS, BASH_ENV, PYTHON*, GIT_SSH*, EDITOR, TMPDIR, …) and is reserved",
+        );
     }
     None
 }
@@ -378,6 +464,47 @@ mod tests {
         }
         assert!(reserved_reason("LAPTOP_KEY").is_none());
         assert!(reserved_reason("port").is_none());
+    }
+
+    #[test]
+    fn loader_interpreter_and_shell_hooks_are_refused() {
+        for key in [
+            "LD_PRELOAD",
+            "LD_LIBRARY_PATH",
+            "LD_AUDIT",
+            "NODE_OPTIONS",
+            "BASH_ENV",
+            "ENV",
+            "PROMPT_COMMAND",
+            "GIT_SSH",
+            "GIT_SSH_COMMAND",
+            "GIT_ASKPASS",
+            "GIT_CONFIG_GLOBAL",
+            "GIT_CONFIG_KEY_0",
+            "PYTHONSTARTUP",
+            "PYTHONPATH",
+            "PERL5OPT",
+            "RUBYOPT",
+            "JAVA_TOOL_OPTIONS",
+            "TMPDIR",
+            "BROWSER",
+            "EDITOR",
+            "VISUAL",
+            "PAGER",
+            "BASH_FUNC_ls%%",
+        ] {
+            let reason = reserved_reason(key).unwrap_or_else(|| panic!("{key} is not reserved"));
+            assert!(reason.contains("reserved"), "{key}: {reason}");
+        }
+        for ok in [
+            "GITHUB_TOKEN",
+            "NODE_ENV_TOKEN",
+            "EDITORIAL_KEY",
+            "ENVOY_TOKEN",
+            "LDAP_PASSWORD",
+        ] {
+            assert!(reserved_reason(ok).is_none(), "{ok}");
+        }
     }
 
     #[test]

@@ -28,11 +28,12 @@ pub enum StartError {
     Backend(#[from] crate::backend::BackendError),
 }
 
-/// A binary next to the running executable, else on PATH.
+/// A binary next to the running executable, else on PATH; always an absolute path (sandboxes
+/// start in another working directory).
 pub fn find_binary(name: &str, given: Option<&Path>) -> Result<PathBuf, StartError> {
     if let Some(p) = given {
         return if p.is_file() {
-            Ok(p.to_owned())
+            std::fs::canonicalize(p).map_err(|e| StartError::Config(format!("{}: {e}", p.display())))
         } else {
             Err(StartError::Config(format!("{} does not exist", p.display())))
         };

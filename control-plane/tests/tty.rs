@@ -14,6 +14,7 @@ use futures_util::{SinkExt, StreamExt};
 use serde_json::json;
 use support::anthropic::{StandIn, REPLY};
 use support::server::{on_path, workspace_bin, LapServer};
+use support::tmux::Tmux;
 use tokio_tungstenite::tungstenite::{client::IntoClientRequest, Message};
 
 const A: &str = "/api/v1/managed_agents";
@@ -654,58 +655,6 @@ async fn lap_commands_against_a_running_server() {
 }
 
 // ---- the user's flow: `lap` in tmux ----
-
-struct Tmux {
-    socket: String,
-}
-
-impl Tmux {
-    fn cmd(&self) -> Command {
-        let mut c = Command::new("tmux");
-        c.args(["-L", &self.socket]);
-        c
-    }
-
-    /// A new session named `name` running `command` (with `env` added to the environment).
-    fn start(&self, name: &str, command: &str, env: &[(&str, String)]) {
-        let mut c = self.cmd();
-        c.args(["new-session", "-d", "-s", name, "-x", "120", "-y", "40"]);
-        for (k, v) in env {
-            c.arg("-e").arg(format!("{k}={v}"));
-        }
-        let out = c.arg(command).output().unwrap();
-        assert!(out.status.success(), "tmux: {}", String::from_utf8_lossy(&out.stderr));
-    }
-
-    fn capture(&self, name: &str) -> String {
-        let out = self.cmd().args(["capture-pane", "-p", "-t", name]).output().unwrap();
-        String::from_utf8_lossy(&out.stdout).into_owned()
-    }
-
-    fn keys(&self, name: &str, keys: &[&str]) {
-        let out = self.cmd().args(["send-keys", "-t", name]).args(keys).output().unwrap();
-        assert!(out.status.success());
-    }
-
-    /// Poll the pane until `done(screen)`; panics with the screen after `timeout`.
-    async fn wait(&self, name: &str, what: &str, timeout: Duration, done: impl Fn(&str) -> bool) -> String {
-        let deadline = Instant::now() + timeout;
-        loop {
-            let screen = self.capture(name);
-            if done(&screen) {
-                return screen;
-            }
-            assert!(Instant::now() < deadline, "waiting for {what}; the screen:\n{screen}");
-            tokio::time::sleep(Duration::from_millis(200)).await;
-        }
-    }
-}
-
-impl Drop for Tmux {
-    fn drop(&mut self) {
-        let _ = self.cmd().arg("kill-server").output();
-    }
-}
 
 /// `lap <agent>` in tmux against a running `lap-server`, the real `claude` TUI talking through
 /// the vault to a local stand-in: the TUI shows, a prompt gets the stand-in's reply, Ctrl-D

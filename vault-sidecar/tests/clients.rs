@@ -1387,3 +1387,64 @@ async fn half_closed_client_still_gets_its_response() {
     assert_eq!(resp.body.len(), 200_000);
     assert_eq!(sha256_hex(&resp.body), pattern_sha256(200_000));
 }
+
+/// Egress decided on the address a target resolves to (W06, W07), and `deny_local`: a sandbox's
+/// vault is no way to the services of the host it runs on, whatever the spelling, while the
+/// operator's `[resolve]` targets (here: the stand-in upstreams on loopback) stay reachable.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn egress_is_decided_on_the_resolved_address() {
+    // W06: a v4-mapped IPv6 spelling of a denied address.
+    let h = Harness::start(Alpn::Both, |c| c.egress_deny = vec!["127.0.0.0/8".into()]).await;
+    let port = h.upstream.tls_addr.port();
+    let (_s, reply) = connect_raw(h.sidecar.proxy, &format!("[::ffff:127.0.0.1]:{port}")).await;
+    assert_eq!(reply.status, 403, "{}", reply.head);
+    assert_eq!(reply.header("x-vault-blocked"), Some("egress-policy"));
+    // W07: a name that resolves ([resolve]) into the denied block, intercepted or tunnelled.
+    let out = h
+        .sidecar
+        .curl()
+        .args(["-H", &format!("x-api-key: {ANTHROPIC_STUB}")])
+        .arg("https://api.anthropic.com/echo")
+        .run()
+        .await;
+    assert_eq!(out.status, 403, "{}", out.body_text());
+    assert_eq!(out.header("x-vault-blocked"), Some("egress-policy"));
+    let (_s, reply) = connect_raw(h.sidecar.proxy, "unbound.example:443").await;
+    assert!(reply.status >= 400, "{}", reply.head);
+    assert!(h.upstream.requests().is_empty(), "{:#?}", h.upstream.requests());
+    drop(h);
+
+    // deny_local: loopback, unspecified and this host's own addresses are refused...
+    let h = Harness::start(Alpn::Both, |c| c.egress_deny_local = true).await;
+    let local = std::net::TcpListener::bind("127.0.0.1:0").expect("a local service");
+    let lport = local.local_addr().expect("addr").port();
+    for target in [
+        format!("127.0.0.1:{lport}"),
+        format!("127.0.0.2:{lport}"),
+        format!("0.0.0.0:{lport}"),
+        format!("[::ffff:127.0.0.1]:{lport}"),
+        format!("localhost:{lport}"),
+        format!("[::1]:{lport}"),
+        "169.254.169.254:80".to_owned(),
+    ] {
+        let (_s, reply) = connect_raw(h.sidecar.proxy, &target).await;
+        assert_eq!(reply.status, 403, "CONNECT {target}: {}", reply.head);
+        assert_eq!(reply.header("x-vault-blocked"), Some("egress-policy"), "{target}");
+    }
+    let r = h.sidecar.curl().arg(format!("http://127.0.0.1:{lport}/")).run().await;
+    assert_eq!(r.status, 403, "plain http:// to a local port: {}", r.body_text());
+    // ...and the [resolve] targets are not.
+    let out = h
+        .sidecar
+        .curl()
+        .args(["-H", &format!("x-api-key: {ANTHROPIC_STUB}")])
+        .arg("https://api.anthropic.com/echo")
+        .run()
+        .await
+        .ok();
+    assert_eq!(out.status, 200);
+    assert_eq!(
+        h.upstream.only_request_to("/echo").header("x-api-key"),
+        Some(ANTHROPIC_REAL)
+    );
+}

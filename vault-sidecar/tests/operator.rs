@@ -648,3 +648,204 @@ async fn bad_secrets_file_is_rejected_and_old_value_kept() {
         assert!(!h.sidecar.stdout().contains(v), "{v} in logs");
     }
 }
+
+// ---------------------------------------------------------------- secrets without a file
+
+/// `PUT /secrets/{name}` adds and rotates, `DELETE` revokes, `PUT /secrets` replaces the set:
+/// the real values only ever travel in the authenticated admin request, never a file.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn admin_api_adds_rotates_and_revokes_secrets() {
+    let h = Harness::default_setup().await;
+    let put = |name: &str, body: serde_json::Value| {
+        let path = format!("/secrets/{name}");
+        let body = body.to_string();
+        let sc = &h.sidecar;
+        async move { sc.admin_request("PUT", &path, body.as_bytes()).await }
+    };
+    // Not without the token.
+    let r = within(
+        Duration::from_secs(10),
+        "PUT /secrets without a token",
+        raw_request(h.sidecar.admin, "PUT", "/secrets/ROTATING_TOKEN", &[], b"{}"),
+    )
+    .await
+    .expect("PUT");
+    assert_eq!(r.status, 401, "{}", r.body_text());
+
+    // Add: the stub is swapped toward its host from the next request on.
+    let r = put(
+        "ROTATING_TOKEN",
+        serde_json::json!({"stub": ROT_STUB, "value": ROT_V1, "hosts": ["api.github.com"]}),
+    )
+    .await;
+    assert_eq!(r.status, 200, "{}", r.body_text());
+    assert_eq!(r.body_text(), r#"{"secrets":1}"#);
+    assert_eq!(rotating_value_seen(&h, "add").await.as_deref(), Some(ROT_V1));
+    // Rotate: no stub given, the stub stays.
+    let r = put(
+        "ROTATING_TOKEN",
+        serde_json::json!({"value": ROT_V2, "hosts": ["api.github.com"]}),
+    )
+    .await;
+    assert_eq!(r.status, 200, "{}", r.body_text());
+    assert_eq!(rotating_value_seen(&h, "rotate").await.as_deref(), Some(ROT_V2));
+    // A bad change is refused whole, naming the problem, and the set in force stays.
+    let r = put("ROTATING_TOKEN", serde_json::json!({"value": ROT_V3, "hosts": []})).await;
+    assert_eq!(r.status, 422, "{}", r.body_text());
+    assert!(r.body_text().contains("secret[0].hosts"), "{}", r.body_text());
+    let r = put("NEW_ONE", serde_json::json!({"value": ROT_V3, "hosts": ["a.example"]})).await;
+    assert_eq!(r.status, 422, "a new secret needs a stub: {}", r.body_text());
+    let r = put(
+        "ROTATING_TOKEN",
+        serde_json::json!({"value": ROT_V3, "hots": ["a.example"]}),
+    )
+    .await;
+    assert_eq!(r.status, 422, "unknown field: {}", r.body_text());
+    assert_eq!(rotating_value_seen(&h, "still").await.as_deref(), Some(ROT_V2));
+    // Revoke: the stub is no longer a key anywhere.
+    let r = h.sidecar.admin_request("DELETE", "/secrets/ROTATING_TOKEN", b"").await;
+    assert_eq!(r.status, 200, "{}", r.body_text());
+    assert_eq!(rotating_value_seen(&h, "revoked").await.as_deref(), Some(ROT_STUB));
+    let r = h.sidecar.admin_request("DELETE", "/secrets/ROTATING_TOKEN", b"").await;
+    assert_eq!(r.status, 404, "{}", r.body_text());
+    // Replace the whole managed set.
+    let body = serde_json::json!({"secrets": [{"name": "ROTATING_TOKEN", "stub": ROT_STUB, "value": ROT_V4, "hosts": ["api.github.com"]}]});
+    let r = h
+        .sidecar
+        .admin_request("PUT", "/secrets", body.to_string().as_bytes())
+        .await;
+    assert_eq!(r.status, 200, "{}", r.body_text());
+    assert_eq!(rotating_value_seen(&h, "replaced").await.as_deref(), Some(ROT_V4));
+
+    let stdout = h.sidecar.stdout();
+    for v in [ROT_V1, ROT_V2, ROT_V3, ROT_V4, ROT_STUB] {
+        assert!(!stdout.contains(v), "{v} in logs");
+    }
+}
+
+/// W10: no `admin_token_file` means a generated token, never an open admin API.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn without_admin_token_file_a_token_is_generated_and_required() {
+    use std::os::unix::fs::PermissionsExt;
+    let h = Harness::default_setup().await;
+    let admin = h.sidecar.admin;
+    for (method, path) in [
+        ("GET", "/interceptions"),
+        ("POST", "/reload"),
+        ("PUT", "/secrets"),
+        ("DELETE", "/secrets/ANTHROPIC_API_KEY"),
+    ] {
+        let r = within(
+            Duration::from_secs(10),
+            "admin",
+            raw_request(admin, method, path, &[], b"{}"),
+        )
+        .await
+        .expect("admin request");
+        assert_eq!(r.status, 401, "{method} {path}: {}", r.body_text());
+    }
+    for path in ["/healthz", "/readyz", "/ca.pem", "/metrics"] {
+        assert_eq!(get_status(admin, path).await, 200, "{path} stays open");
+    }
+    // The token is in a file only its owner may read, in a directory only its owner may open.
+    let path = h
+        .sidecar
+        .log_json()
+        .into_iter()
+        .find(|l| l["message"] == "no admin_token_file: generated an admin token")
+        .and_then(|l| l["path"].as_str().map(std::path::PathBuf::from))
+        .expect("the generated token's path is logged");
+    let mode = |p: &std::path::Path| std::fs::metadata(p).expect("stat").permissions().mode() & 0o777;
+    assert_eq!(mode(&path), 0o600);
+    assert_eq!(mode(path.parent().expect("dir")), 0o700);
+    let token = h.sidecar.admin_token();
+    assert!(token.len() >= 32);
+    assert!(!h.sidecar.stdout().contains(&token), "the token itself is never logged");
+    assert_eq!(h.sidecar.admin_get("/interceptions").await.status, 200);
+}
+
+/// The local backend's start: the proxy port is a socket the supervisor bound (socket
+/// activation, fd 3) and the secrets come on stdin; the config holds no value and names no
+/// port; `ready_file` says where the admin port is.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn secrets_on_stdin_and_an_inherited_listener() {
+    use command_fds::{CommandFdExt, FdMapping};
+    use std::io::Write as _;
+    let up = Scripted::start(ANTHROPIC_REAL).await;
+    let dir = tempfile::tempdir().expect("tempdir");
+    let ca = dir.path().join("ca.pem");
+    let ready = dir.path().join("ready.json");
+    let base = up.sidecar_config();
+    let resolve: Vec<String> = base.resolve.iter().map(|(k, v)| format!("{k:?} = {v:?}")).collect();
+    let upstream_cas: Vec<String> = base
+        .upstream_ca_files
+        .iter()
+        .map(|p| format!("{:?}", p.display().to_string()))
+        .collect();
+    let config = format!(
+        "admin_listen = \"127.0.0.1:0\"\nca_cert_path = {:?}\nready_file = {:?}\nsecrets_stdin = true\n\
+         upstream_ca_files = [{}]\n[resolve]\n{}\n",
+        ca.display().to_string(),
+        ready.display().to_string(),
+        upstream_cas.join(", "),
+        resolve.join("\n")
+    );
+    assert!(!config.contains(ANTHROPIC_REAL));
+    let config_path = dir.path().join("sidecar.toml");
+    std::fs::write(&config_path, &config).expect("config");
+    let listener = std::net::TcpListener::bind("127.0.0.1:0").expect("bind");
+    let proxy = listener.local_addr().expect("addr");
+    let mut cmd = std::process::Command::new(SIDECAR_BIN);
+    cmd.arg("--config")
+        .arg(&config_path)
+        .env("LISTEN_FDS", "1")
+        .stdin(Stdio::piped())
+        .stdout(Stdio::null())
+        .stderr(Stdio::null());
+    cmd.fd_mappings(vec![FdMapping {
+        parent_fd: std::os::fd::OwnedFd::from(listener),
+        child_fd: 3,
+    }])
+    .expect("fd 3");
+    let mut child = cmd.spawn().expect("spawn");
+    drop(cmd);
+    let secrets = serde_json::json!({"secrets": [{
+        "name": "ANTHROPIC_API_KEY", "stub": ANTHROPIC_STUB, "value": ANTHROPIC_REAL, "hosts": ["api.anthropic.com"]
+    }]});
+    child
+        .stdin
+        .take()
+        .expect("stdin")
+        .write_all(secrets.to_string().as_bytes())
+        .expect("write secrets");
+    let ready_json: serde_json::Value = eventually(Duration::from_secs(20), "the ready file", || {
+        let ready = ready.clone();
+        async move {
+            std::fs::read(&ready)
+                .ok()
+                .and_then(|b| serde_json::from_slice::<serde_json::Value>(&b).ok())
+        }
+    })
+    .await;
+    assert_eq!(ready_json["listen"], proxy.to_string(), "{ready_json}");
+    assert_ne!(ready_json["admin_listen"], "127.0.0.1:0", "{ready_json}");
+    let out = Curl::bare(dir.path())
+        .arg("--proxy")
+        .arg(format!("http://{proxy}"))
+        .arg("--cacert")
+        .arg(ca.display().to_string())
+        .args(["-H", &format!("x-api-key: {ANTHROPIC_STUB}")])
+        .arg("https://api.anthropic.com/reflect")
+        .run()
+        .await
+        .ok();
+    assert_eq!(out.status, 200, "{}", out.body_text());
+    assert!(
+        up.state.saw(ANTHROPIC_REAL),
+        "the secret read from stdin was swapped in"
+    );
+    let environ = std::fs::read(format!("/proc/{}/environ", child.id())).expect("environ");
+    assert!(!String::from_utf8_lossy(&environ).contains(ANTHROPIC_REAL));
+    let _ = child.kill();
+    let _ = child.wait();
+}

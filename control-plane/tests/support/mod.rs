@@ -6,3 +6,4 @@
 pub mod anthropic;
 pub mod fake_cli;
 pub mod server;
+pub mod tmux;

@@ -50,6 +50,8 @@ pub struct SidecarConfig {
     pub upstream_ca_files: Vec<PathBuf>,
     pub egress_allow: Vec<String>,
     pub egress_deny: Vec<String>,
+    /// `[egress] deny_local`.
+    pub egress_deny_local: bool,
     pub secrets: Vec<SecretSpec>,
     /// `secrets_file = ...` when set.
     pub secrets_file: Option<PathBuf>,
@@ -78,6 +80,7 @@ impl SidecarConfig {
             upstream_ca_files: vec![upstream.ca_pem_path.clone()],
             egress_allow: Vec::new(),
             egress_deny: Vec::new(),
+            egress_deny_local: false,
             secrets_file: None,
             extra_toml: String::new(),
             config_via_env: false,
@@ -136,6 +139,9 @@ impl SidecarConfig {
         let arr = |v: &Vec<String>| toml::Value::Array(v.iter().map(|s| toml::Value::from(s.clone())).collect());
         egress.insert("allow".into(), arr(&self.egress_allow));
         egress.insert("deny".into(), arr(&self.egress_deny));
+        if self.egress_deny_local {
+            egress.insert("deny_local".into(), true.into());
+        }
         root.insert("egress".into(), egress.into());
         let secrets: Vec<toml::Value> = self
             .secrets
