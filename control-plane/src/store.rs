@@ -443,7 +443,6 @@ impl Store {
         Ok(())
     }
 
-    /// Whether the database answers.
     // ---- web console sign-ins (keyed by the hash of the cookie value) ----
 
     pub async fn insert_console_session(&self, id_hash: &str, now_ms: i64) -> Result<(), StoreError> {
@@ -491,6 +490,7 @@ impl Store {
         Ok(())
     }
 
+    /// Whether the database answers.
     pub async fn ping(&self) -> bool {
         sqlx::query("SELECT 1").fetch_one(&self.pool).await.is_ok()
     }

@@ -171,6 +171,7 @@ pub(super) fn freshness(created_ms: i64, last_seen_ms: i64, now_ms: i64) -> Fres
 
 #[cfg(test)]
 mod tests {
+    #![allow(clippy::unwrap_used)]
     use super::*;
     use axum::http::HeaderValue;
 
