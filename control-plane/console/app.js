@@ -599,7 +599,7 @@ async function sessionPage(page, id) {
   const head = h('div', { class: 'row spread' });
   const termPanel = h('div', { class: 'panel term-panel', hidden: NO_TUI.has(harness) });
   const audit = h('div', { class: 'panel' });
-  const activity = h('ol', { class: 'mono activity' });
+  const activity = h('ol', { class: 'mono activity' }, h('li', { class: 'muted', 'data-empty': '' }, 'nothing yet: events appear while the agent works on a message'));
   let terminal = null;
 
   const renderHead = () => {
@@ -679,6 +679,7 @@ async function sessionPage(page, id) {
       }
     },
     onAgent: (data) => {
+      activity.querySelector('[data-empty]')?.remove();
       activity.prepend(h('li', {}, agentEventLine(data)));
       while (activity.children.length > 50) activity.lastChild.remove();
     },
