@@ -69,7 +69,8 @@ async fn count_requests(State(app): State<AppState>, req: Request, next: Next) -
     next.run(req).await
 }
 
-/// `Authorization: Bearer <MASTER_KEY>`, compared in constant time.
+/// `Authorization: Bearer <MASTER_KEY>`, compared in constant time; without one, a signed-in
+/// web console's cookie (CSRF-checked for writes, [`crate::console::authorize`]).
 async fn require_bearer(State(app): State<AppState>, req: Request, next: Next) -> Response {
     let presented = req
         .headers()
@@ -79,7 +80,11 @@ async fn require_bearer(State(app): State<AppState>, req: Request, next: Next) -
         .map(str::trim);
     match presented {
         Some(key) if app.authorized(key) => next.run(req).await,
-        _ => ApiError::Unauthorized.into_response(),
+        Some(_) => ApiError::Unauthorized.into_response(),
+        None => match crate::console::authorize(&app, req.method(), req.headers()).await {
+            Ok(_) => next.run(req).await,
+            Err(e) => e.into_response(),
+        },
     }
 }
 

@@ -2,12 +2,14 @@
 //!
 //! Start reading at [`api`] (routes; the terminal's WebSocket relay is [`tty`]) → [`app`] (what each request does) → [`backend`] (how a
 //! sandbox is brought up). Pure cores: [`env_vars`] (per-session env var rules and stubs),
-//! [`lifecycle`] (reconciler decisions), [`settings`] (flags and durations).
+//! [`lifecycle`] (reconciler decisions), [`settings`] (flags and durations). The web console is
+//! [`console`].
 
 pub mod agent_events;
 pub mod api;
 pub mod app;
 pub mod backend;
+pub mod console;
 pub mod crypto;
 pub mod env_vars;
 pub mod error;

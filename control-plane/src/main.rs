@@ -4,7 +4,7 @@ use std::process::ExitCode;
 
 use clap::Parser;
 use lap_control_plane::settings::Settings;
-use lap_control_plane::{api, reconciler, server};
+use lap_control_plane::{api, console, reconciler, server};
 
 #[tokio::main]
 async fn main() -> ExitCode {
@@ -52,7 +52,9 @@ async fn main() -> ExitCode {
         let _ = stop_tx.send(true);
     });
     let mut graceful = stop_rx.clone();
-    let server = axum::serve(listener, api::router(srv.app)).with_graceful_shutdown(async move {
+    let router =
+        api::router(srv.app.clone()).merge(console::router(srv.app, console::Platform::from_settings(&settings)));
+    let server = axum::serve(listener, router).with_graceful_shutdown(async move {
         let _ = graceful.wait_for(|stop| *stop).await;
     });
     let mut deadline = stop_rx;

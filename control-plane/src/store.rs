@@ -61,6 +61,13 @@ fn migrator() -> Migrator {
             Cow::Borrowed(include_str!("../migrations/0003_sandbox_isolation.sql")),
             false,
         ),
+        Migration::new(
+            4,
+            Cow::Borrowed("console sessions"),
+            MigrationType::Simple,
+            Cow::Borrowed(include_str!("../migrations/0004_console_sessions.sql")),
+            false,
+        ),
     ];
     Migrator {
         migrations: Cow::Owned(migrations),
@@ -439,6 +446,53 @@ impl Store {
     pub async fn prune_leases(&self, before_ms: i64) -> Result<(), StoreError> {
         sqlx::query("DELETE FROM leases WHERE expires_at < $1")
             .bind(before_ms)
+            .execute(&self.pool)
+            .await?;
+        Ok(())
+    }
+
+    // ---- web console sign-ins (keyed by the hash of the cookie value) ----
+
+    pub async fn insert_console_session(&self, id_hash: &str, now_ms: i64) -> Result<(), StoreError> {
+        sqlx::query("INSERT INTO console_sessions (id_hash, created_at, last_seen_at) VALUES ($1, $2, $2)")
+            .bind(id_hash)
+            .bind(now_ms)
+            .execute(&self.pool)
+            .await?;
+        Ok(())
+    }
+
+    /// `(created_at, last_seen_at)` of a sign-in.
+    pub async fn get_console_session(&self, id_hash: &str) -> Result<Option<(i64, i64)>, StoreError> {
+        let row = sqlx::query("SELECT created_at, last_seen_at FROM console_sessions WHERE id_hash = $1")
+            .bind(id_hash)
+            .fetch_optional(&self.pool)
+            .await?;
+        row.map(|r| Ok((r.try_get(0)?, r.try_get(1)?))).transpose()
+    }
+
+    pub async fn touch_console_session(&self, id_hash: &str, now_ms: i64) -> Result<(), StoreError> {
+        sqlx::query("UPDATE console_sessions SET last_seen_at = $2 WHERE id_hash = $1")
+            .bind(id_hash)
+            .bind(now_ms)
+            .execute(&self.pool)
+            .await?;
+        Ok(())
+    }
+
+    pub async fn delete_console_session(&self, id_hash: &str) -> Result<(), StoreError> {
+        sqlx::query("DELETE FROM console_sessions WHERE id_hash = $1")
+            .bind(id_hash)
+            .execute(&self.pool)
+            .await?;
+        Ok(())
+    }
+
+    /// Forget sign-ins last seen before `seen_before_ms` or created before `created_before_ms`.
+    pub async fn prune_console_sessions(&self, seen_before_ms: i64, created_before_ms: i64) -> Result<(), StoreError> {
+        sqlx::query("DELETE FROM console_sessions WHERE last_seen_at < $1 OR created_at < $2")
+            .bind(seen_before_ms)
+            .bind(created_before_ms)
             .execute(&self.pool)
             .await?;
         Ok(())

@@ -4,6 +4,7 @@
 #![allow(dead_code, clippy::unwrap_used, unreachable_pub)]
 
 pub mod anthropic;
+pub mod browser;
 pub mod fake_cli;
 pub mod server;
 pub mod tmux;

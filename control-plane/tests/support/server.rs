@@ -92,6 +92,11 @@ impl LapServer {
             .local_addr()
             .unwrap()
             .port();
+        Self::start_on(port, data_dir, env).await
+    }
+
+    /// [`LapServer::start`] on a given port (a restart where the last one served).
+    pub async fn start_on(port: u16, data_dir: &Path, env: &[(&str, String)]) -> LapServer {
         let key = "e2e-master-key".to_owned();
         let mut cmd = tokio::process::Command::new(env!("CARGO_BIN_EXE_lap-server"));
         cmd.env("LAP_LISTEN", format!("127.0.0.1:{port}"))
