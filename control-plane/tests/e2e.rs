@@ -28,10 +28,10 @@ fn base_config(dir: &std::path::Path, standin: &StandIn) -> std::path::PathBuf {
 
 #[tokio::test(flavor = "multi_thread")]
 async fn claude_code_session_gets_a_reply_through_the_vault() {
-    if !on_path("claude") {
-        eprintln!("SKIPPED: the `claude` CLI is not on PATH (npm install -g @anthropic-ai/claude-code)");
-        return;
-    }
+    assert!(
+        on_path("claude"),
+        "the `claude` CLI is not on PATH: npm install -g @anthropic-ai/claude-code (.ci/run does)"
+    );
     let real = format!(
         "sk-ant-api03-REAL{}",
         lap_control_plane::app::new_id("k").replace('_', "")
@@ -185,10 +185,10 @@ async fn claude_code_session_gets_a_reply_through_the_vault() {
 /// `codex exec resume` per message, against a Responses API stand-in that only answers REAL.
 #[tokio::test(flavor = "multi_thread")]
 async fn codex_session_gets_a_reply_through_the_vault() {
-    if !on_path("codex") {
-        eprintln!("SKIPPED: the `codex` CLI is not on PATH (npm install -g @openai/codex)");
-        return;
-    }
+    assert!(
+        on_path("codex"),
+        "the `codex` CLI is not on PATH: npm install -g @openai/codex (.ci/run does)"
+    );
     let real = format!("sk-proj-REAL{}", lap_control_plane::app::new_id("k").replace('_', ""));
     let standin = StandIn::start(&real).await;
     let tmp = tempfile::tempdir().unwrap();
@@ -266,10 +266,10 @@ async fn claude_agent_sdk_session_gets_a_reply_through_the_vault() {
                 .join("@anthropic-ai/claude-agent-sdk/sdk.mjs")
                 .is_file()
         });
-    if !sdk_installed {
-        eprintln!("SKIPPED: the Agent SDK is not installed (npm install -g @anthropic-ai/claude-agent-sdk)");
-        return;
-    }
+    assert!(
+        sdk_installed,
+        "the Agent SDK is not installed: npm install -g @anthropic-ai/claude-agent-sdk (.ci/run does)"
+    );
     let real = format!(
         "sk-ant-api03-REAL{}",
         lap_control_plane::app::new_id("k").replace('_', "")

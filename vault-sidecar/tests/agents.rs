@@ -8,8 +8,7 @@
 //! responses, so echoes prove nothing): the real key arrived, the stub never did, and `/interceptions` names the
 //! secret as injected.
 //!
-//! The CLIs are required: a missing one fails the test with the install command (CI installs them). Set
-//! `LAP_SKIP_AGENT_CLIS=1` to skip instead.
+//! The CLIs are required: a missing one fails the test with the install command (.ci/run installs them).
 
 mod support;
 
@@ -36,23 +35,15 @@ const CLI_DEADLINE: Duration = Duration::from_secs(180);
 // Finding the CLIs
 // ---------------------------------------------------------------------------------------------------------------
 
-/// The CLI's path on `PATH`; a missing CLI fails the test with the install command, unless `LAP_SKIP_AGENT_CLIS=1`
-/// (then `None`: the caller returns, having printed why).
+/// The CLI's path on `PATH`; a missing CLI fails the test with the install command (never a silent pass).
 fn require_cli(name: &str, npm_package: &str) -> Option<PathBuf> {
     let path = std::env::var_os("PATH").unwrap_or_default();
     if let Some(found) = std::env::split_paths(&path).map(|d| d.join(name)).find(|p| p.is_file()) {
         return Some(found);
     }
-    if std::env::var("LAP_SKIP_AGENT_CLIS").as_deref() == Ok("1") {
-        eprintln!(
-            "SKIPPED: `{name}` is not on PATH and LAP_SKIP_AGENT_CLIS=1; install it with \
-             `npm install -g {npm_package}` to run this test"
-        );
-        return None;
-    }
     panic!(
         "`{name}` is not on PATH: this test drives the real CLI through the sidecar. Install it with \
-         `npm install -g {npm_package}` (CI does), or set LAP_SKIP_AGENT_CLIS=1 to skip the agent CLI tests"
+         `npm install -g {npm_package}` (.ci/run does)"
     );
 }
 

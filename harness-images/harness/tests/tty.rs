@@ -285,10 +285,10 @@ async fn tty_needs_the_token_and_a_terminal_harness() {
 /// stub it holds, so the TUI opens at its prompt (no onboarding, no key or trust questions).
 #[tokio::test]
 async fn the_real_claude_tui_opens_at_its_prompt() {
-    if which("claude").is_none() {
-        eprintln!("SKIPPED: the `claude` CLI is not on PATH (npm install -g @anthropic-ai/claude-code)");
-        return;
-    }
+    assert!(
+        which("claude").is_some(),
+        "the `claude` CLI is not on PATH: npm install -g @anthropic-ai/claude-code (.ci/run does)"
+    );
     let key = "sk-ant-api03-lapstub-0123456789abcdefghijklmnopqrstuv";
     let h = Harness::start(
         "claude-code",
@@ -312,10 +312,10 @@ async fn the_real_claude_tui_opens_at_its_prompt() {
 /// The real Codex TUI (after the harness's `codex login --with-api-key` with the stub).
 #[tokio::test]
 async fn the_real_codex_tui_opens() {
-    if which("codex").is_none() {
-        eprintln!("SKIPPED: the `codex` CLI is not on PATH (npm install -g @openai/codex)");
-        return;
-    }
+    assert!(
+        which("codex").is_some(),
+        "the `codex` CLI is not on PATH: npm install -g @openai/codex (.ci/run does)"
+    );
     let h = Harness::start(
         "codex",
         None,
@@ -333,10 +333,10 @@ async fn the_real_codex_tui_opens() {
 /// The real opencode TUI (full screen: a reattach repaints it from the alternate screen).
 #[tokio::test]
 async fn the_real_opencode_tui_opens_and_repaints_on_reattach() {
-    if which("opencode").is_none() {
-        eprintln!("SKIPPED: the `opencode` CLI is not on PATH (npm install -g opencode-ai)");
-        return;
-    }
+    assert!(
+        which("opencode").is_some(),
+        "the `opencode` CLI is not on PATH: npm install -g opencode-ai (.ci/run does)"
+    );
     let h = Harness::start(
         "opencode",
         None,
