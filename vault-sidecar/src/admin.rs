@@ -1,7 +1,8 @@
 //! The admin port. Open: `GET /healthz`, `GET /readyz`, `GET /ca.pem`, `GET /metrics`.
 //! Behind `Authorization: Bearer <admin token>` (compared in constant time; the token is
 //! `admin_token_file`'s, or one generated at start and written where the log says):
-//! `GET /interceptions` (last 1000 audit events), `POST /reload`, and the secrets the sidecar
+//! `GET /interceptions` (last 1000 audit events; `?after=<seq>` for those numbered above it),
+//! `POST /reload`, and the secrets the sidecar
 //! is given at run time, without a file holding real values:
 //!
 //! - `PUT /secrets` `{"secrets":[{name, stub, value, hosts, locations?}, …]}`: replace them all;
@@ -118,11 +119,30 @@ fn check_token(proxy: &Proxy, headers: &HeaderMap) -> Option<Response> {
     }
 }
 
-async fn interceptions(State(proxy): State<Arc<Proxy>>, headers: HeaderMap) -> Response {
+/// `?after=<seq>`: only the events numbered above it (the reader's cursor).
+#[derive(Debug, Deserialize)]
+struct After {
+    #[serde(default)]
+    after: u64,
+}
+
+async fn interceptions(
+    State(proxy): State<Arc<Proxy>>,
+    headers: HeaderMap,
+    after: Result<axum::extract::Query<After>, axum::extract::rejection::QueryRejection>,
+) -> Response {
     if let Some(denied) = check_token(&proxy, &headers) {
         return denied;
     }
-    axum::Json(proxy.audit.snapshot()).into_response()
+    let after = match after {
+        Ok(q) => q.0.after,
+        Err(e) => return json_error(StatusCode::BAD_REQUEST, format!("after: {}", e.body_text())),
+    };
+    (
+        [("x-audit-run", proxy.audit.run().to_owned())],
+        axum::Json(proxy.audit.after(after)),
+    )
+        .into_response()
 }
 
 async fn reload(State(proxy): State<Arc<Proxy>>, headers: HeaderMap) -> Response {

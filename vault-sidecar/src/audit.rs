@@ -1,9 +1,13 @@
 //! Audit events: one per intercepted request, logged as a JSON line and kept (the last 1000) for
 //! `GET /interceptions`. An event names secrets, never values or stubs; the path keeps query
 //! *names* only.
+//!
+//! Each event carries `run` (random per process start) and `seq` (1, 2, … within the run), so a
+//! reader that keeps the last `(run, seq)` it saw asks only for what is new
+//! (`GET /interceptions?after=<seq>`) and notices a restarted sidecar (another `run`).
 
 use std::collections::VecDeque;
-use std::sync::{Mutex, OnceLock};
+use std::sync::{Arc, Mutex, OnceLock};
 
 use serde::Serialize;
 
@@ -22,6 +26,10 @@ pub struct Injected {
 /// One intercepted request (SPEC §2.2 "Audit event").
 #[derive(Debug, Clone, Serialize)]
 pub struct AuditEvent {
+    /// This process's run id; set by [`AuditLog::record`].
+    pub run: Arc<str>,
+    /// Position in this run, from 1; set by [`AuditLog::record`].
+    pub seq: u64,
     /// RFC 3339, UTC.
     pub time: String,
     pub method: String,
@@ -40,7 +48,8 @@ pub struct AuditEvent {
     pub error: Option<&'static str>,
     pub bytes_up: u64,
     pub bytes_down: u64,
-    pub duration_ms: f64,
+    /// Whole microseconds from the request's head to its last byte.
+    pub duration_us: u64,
 }
 
 /// `path?a=1&b=2` → `path?a=&b=`.
@@ -107,36 +116,62 @@ fn log(event: &AuditEvent) {
         error = event.error,
         bytes_up = event.bytes_up,
         bytes_down = event.bytes_down,
-        duration_ms = event.duration_ms,
+        duration_us = event.duration_us,
+        run = %event.run,
+        seq = event.seq,
         "audit"
     );
 }
 
 /// The ring buffer behind `GET /interceptions`.
-#[derive(Debug, Default)]
+#[derive(Debug)]
 pub struct AuditLog {
-    events: Mutex<VecDeque<AuditEvent>>,
+    run: Arc<str>,
+    events: Mutex<(u64, VecDeque<AuditEvent>)>,
+}
+
+impl Default for AuditLog {
+    fn default() -> Self {
+        use rand::RngCore;
+        let mut b = [0u8; 8];
+        rand::thread_rng().fill_bytes(&mut b);
+        let run: String = b.iter().map(|x| format!("{x:02x}")).collect();
+        Self {
+            run: run.into(),
+            events: Mutex::new((0, VecDeque::new())),
+        }
+    }
 }
 
 impl AuditLog {
-    /// Log the event as a JSON line and keep it.
-    pub fn record(&self, event: AuditEvent) {
+    /// Number the event, log it as a JSON line and keep it.
+    pub fn record(&self, mut event: AuditEvent) {
+        let mut guard = self.events.lock().unwrap_or_else(|p| p.into_inner());
+        let (last, events) = &mut *guard;
+        *last += 1;
+        event.seq = *last;
+        event.run = self.run.clone();
         log(&event);
-        let mut events = self.events.lock().unwrap_or_else(|p| p.into_inner());
         if events.len() == AUDIT_CAPACITY {
             events.pop_front();
         }
         events.push_back(event);
     }
 
+    /// This process's run id (`X-Audit-Run` on `GET /interceptions`).
+    pub fn run(&self) -> &str {
+        &self.run
+    }
+
     /// Oldest first.
     pub fn snapshot(&self) -> Vec<AuditEvent> {
-        self.events
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
-            .iter()
-            .cloned()
-            .collect()
+        self.after(0)
+    }
+
+    /// The events kept whose `seq` is above `after`, oldest first.
+    pub fn after(&self, after: u64) -> Vec<AuditEvent> {
+        let guard = self.events.lock().unwrap_or_else(|p| p.into_inner());
+        guard.1.iter().filter(|e| e.seq > after).cloned().collect()
     }
 }
 
@@ -155,6 +190,8 @@ mod tests {
         let log = AuditLog::default();
         for i in 0..1005u16 {
             log.record(AuditEvent {
+                run: "".into(),
+                seq: 0,
                 time: String::new(),
                 method: "GET".into(),
                 host: "h".into(),
@@ -167,11 +204,15 @@ mod tests {
                 error: None,
                 bytes_up: 0,
                 bytes_down: 0,
-                duration_ms: 0.0,
+                duration_us: 0,
             });
         }
         let events = log.snapshot();
         assert_eq!(events.len(), AUDIT_CAPACITY);
         assert_eq!(events[0].status, 5);
+        assert_eq!(events[0].seq, 6);
+        assert_eq!(log.after(1000).len(), 5);
+        assert_eq!(log.after(1005).len(), 0);
+        assert!(events.iter().all(|e| e.run == events[0].run) && events[0].run.len() == 16);
     }
 }

@@ -52,11 +52,11 @@ where
     let start = match tokio::time::timeout(CLIENT_HANDSHAKE_TIMEOUT, acceptor).await {
         Ok(Ok(start)) => start,
         Ok(Err(e)) => {
-            tracing::debug!(target = %target, error = %e, "client TLS: no valid ClientHello");
+            tracing::debug!(connect_target = %target, error = %e, "client TLS: no valid ClientHello");
             return;
         }
         Err(_) => {
-            tracing::debug!(target = %target, "client TLS: no ClientHello before the deadline");
+            tracing::debug!(connect_target = %target, "client TLS: no ClientHello before the deadline");
             return;
         }
     };
@@ -79,14 +79,14 @@ where
             }
         }
         Err(e) => {
-            tracing::error!(target = %target, error = %e, "cannot mint a leaf certificate");
+            tracing::error!(connect_target = %target, error = %e, "cannot mint a leaf certificate");
             return;
         }
     };
     let tls = match tokio::time::timeout(CLIENT_HANDSHAKE_TIMEOUT, start.into_stream(config)).await {
         Ok(Ok(tls)) => tls,
         Ok(Err(e)) => {
-            tracing::debug!(target = %target, error = %e, "client TLS handshake failed");
+            tracing::debug!(connect_target = %target, error = %e, "client TLS handshake failed");
             return;
         }
         Err(_) => return,
@@ -644,6 +644,8 @@ impl Tunnel {
             });
         }
         AuditEvent {
+            run: Default::default(),
+            seq: 0,
             time: humantime_now(),
             method: record.method.to_string(),
             host: target.host.to_string(),
@@ -656,7 +658,7 @@ impl Tunnel {
             error,
             bytes_up: exchange.bytes_up.load(Ordering::Relaxed),
             bytes_down: exchange.bytes_down.load(Ordering::Relaxed),
-            duration_ms: record.start.elapsed().as_secs_f64() * 1000.0,
+            duration_us: u64::try_from(record.start.elapsed().as_micros()).unwrap_or(u64::MAX),
         }
     }
 }

@@ -84,7 +84,7 @@ fn refuse(proxy: &Proxy, target: &Target, mode: &'static str) -> Option<Response
             EgressDecision::Denied | EgressDecision::NotAllowed => BlockReason::EgressPolicy,
         }
     };
-    tracing::warn!(target = %target, reason = reason.as_str(), "request refused");
+    tracing::warn!(connect_target = %target, reason = reason.as_str(), "request refused");
     proxy
         .metrics
         .blocked
@@ -141,7 +141,7 @@ async fn connect(proxy: Arc<Proxy>, peer: SocketAddr, req: Request<Incoming>) ->
                     class: "5xx",
                 })
                 .inc();
-            tracing::warn!(target = %target, error = %e, "tunnel upstream unreachable");
+            tracing::warn!(connect_target = %target, error = %e, "tunnel upstream unreachable");
             return answer::upstream_failure(e.status(), e.kind(), &target.host.to_string(), &e.to_string());
         }
     };
@@ -231,6 +231,8 @@ async fn forward_plain(proxy: Arc<Proxy>, req: Request<Incoming>) -> Response<Pr
         })
         .inc();
     proxy.audit.record(AuditEvent {
+        run: Default::default(),
+        seq: 0,
         time: humantime_now(),
         method,
         host,
@@ -243,7 +245,7 @@ async fn forward_plain(proxy: Arc<Proxy>, req: Request<Incoming>) -> Response<Pr
         error: None,
         bytes_up: up.load(std::sync::atomic::Ordering::Relaxed),
         bytes_down: 0,
-        duration_ms: start.elapsed().as_secs_f64() * 1000.0,
+        duration_us: u64::try_from(start.elapsed().as_micros()).unwrap_or(u64::MAX),
     });
     resp
 }

@@ -153,7 +153,7 @@ async fn handle(proxy: Arc<Proxy>, mut stream: TcpStream) -> io::Result<()> {
         None
     };
     if let Some(reason) = refused {
-        tracing::warn!(target = %target, original = %original, reason = reason.as_str(), "transparent connection refused");
+        tracing::warn!(connect_target = %target, original = %original, reason = reason.as_str(), "transparent connection refused");
         proxy
             .metrics
             .blocked
