@@ -5,7 +5,10 @@
 //!   and one request through an in-process sidecar vs the same request direct.
 //! - `src/bin/compare` (`bash benches/compare.sh`): the side-by-side load comparison of direct TLS,
 //!   the sidecar and mitmproxy against one nginx upstream.
+//! - `src/bin/sandbox` and `src/bin/control_plane` (`bash benches/sandbox.sh`,
+//!   `bash benches/control-plane.sh`): the whole platform, through a `lap-server` ([`lapserver`]).
 
+pub mod lapserver;
 pub mod pki;
 pub mod tunnel;
 pub mod upstream;

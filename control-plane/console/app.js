@@ -739,7 +739,7 @@ function auditTable(events) {
           h('td', { class: 'mono' }, injected(e)),
           h('td', { class: 'reason' }, blocked(e)),
           h('td', {}, `${e.bytes_up ?? 0} / ${e.bytes_down ?? 0}`),
-          h('td', {}, Math.round(e.duration_ms ?? 0)),
+          h('td', {}, Math.round((e.duration_us ?? 0) / 1000)),
         ),
       ),
     ),

@@ -14,7 +14,9 @@ use axum::{Json, Router};
 use futures_util::stream::{self, Stream, StreamExt};
 
 use crate::app::App;
+use crate::audit::{Actor, AuditQuery, AuditView};
 use crate::error::ApiError;
+use crate::store::AuditFilter;
 use crate::model::{
     AgentView, CreateAgent, CreateSession, MessageInput, Page, PageQuery, PatchAgent, SecretInput, SecretView,
     SessionView, DEFAULT_LIMIT, MAX_LIMIT,
@@ -52,6 +54,7 @@ pub fn router(app: Arc<App>) -> Router {
     let authed = Router::new()
         .nest("/api/v1/managed_agents", agents)
         .nest("/api/v1/secrets", secrets)
+        .route("/api/v1/audit", get(audit))
         .route_layer(middleware::from_fn_with_state(app.clone(), require_bearer));
     Router::new()
         .route("/health", get(health))
@@ -60,13 +63,65 @@ pub fn router(app: Arc<App>) -> Router {
         .route("/metrics", get(metrics))
         .merge(authed)
         .fallback(|| async { ApiError::NotFound("route".into()) })
+        .layer(middleware::from_fn(json_errors))
         .layer(middleware::from_fn_with_state(app.clone(), count_requests))
         .with_state(app)
 }
 
+/// Count and log every request: method, route (the matched pattern, never the ids in the
+/// path), status and duration in whole microseconds. Never a body or a header.
 async fn count_requests(State(app): State<AppState>, req: Request, next: Next) -> Response {
     app.metrics.http_requests.inc();
-    next.run(req).await
+    let method = req.method().clone();
+    let route = req
+        .extensions()
+        .get::<axum::extract::MatchedPath>()
+        .map_or_else(|| "(no route)".to_owned(), |p| p.as_str().to_owned());
+    let start = std::time::Instant::now();
+    let resp = next.run(req).await;
+    let duration_us = u64::try_from(start.elapsed().as_micros()).unwrap_or(u64::MAX);
+    tracing::info!(
+        target: "lap_server::http",
+        method = %method,
+        route = %route,
+        status = resp.status().as_u16(),
+        duration_us,
+        "request"
+    );
+    resp
+}
+
+/// Every error answer under `/api/` is `{"error": "…"}` JSON with its own status: the
+/// framework's own refusals (405, a body over the limit's 413, …) included.
+async fn json_errors(req: Request, next: Next) -> Response {
+    let api = req.uri().path().starts_with("/api/");
+    let resp = next.run(req).await;
+    let status = resp.status();
+    let is_json = resp
+        .headers()
+        .get(header::CONTENT_TYPE)
+        .and_then(|v| v.to_str().ok())
+        .is_some_and(|v| v.starts_with("application/json"));
+    if !api || !(status.is_client_error() || status.is_server_error()) || is_json {
+        return resp;
+    }
+    let (parts, body) = resp.into_parts();
+    let text = axum::body::to_bytes(body, 64 * 1024)
+        .await
+        .map(|b| String::from_utf8_lossy(&b).trim().to_owned())
+        .unwrap_or_default();
+    let message = if text.is_empty() {
+        status.canonical_reason().unwrap_or("error").to_owned()
+    } else {
+        text
+    };
+    let mut out = (status, Json(serde_json::json!({ "error": message }))).into_response();
+    for (k, v) in parts.headers.iter() {
+        if k != header::CONTENT_TYPE && k != header::CONTENT_LENGTH {
+            out.headers_mut().insert(k.clone(), v.clone());
+        }
+    }
+    out
 }
 
 /// `Authorization: Bearer <MASTER_KEY>`, compared in constant time; without one, a signed-in
@@ -77,12 +132,19 @@ async fn require_bearer(State(app): State<AppState>, req: Request, next: Next) -
         .get(header::AUTHORIZATION)
         .and_then(|v| v.to_str().ok())
         .and_then(|v| v.strip_prefix("Bearer ").or_else(|| v.strip_prefix("bearer ")))
-        .map(str::trim);
+        .map(|v| v.trim().to_owned());
+    let mut req = req;
     match presented {
-        Some(key) if app.authorized(key) => next.run(req).await,
+        Some(key) if app.authorized(&key) => {
+            req.extensions_mut().insert(Actor::API_KEY);
+            next.run(req).await
+        }
         Some(_) => ApiError::Unauthorized.into_response(),
         None => match crate::console::authorize(&app, req.method(), req.headers()).await {
-            Ok(_) => next.run(req).await,
+            Ok(_) => {
+                req.extensions_mut().insert(Actor::CONSOLE);
+                next.run(req).await
+            }
             Err(e) => e.into_response(),
         },
     }
@@ -124,8 +186,28 @@ async fn metrics(State(app): State<AppState>) -> Response {
 
 // ---- agents ----
 
-async fn create_agent(State(app): State<AppState>, ApiJson(body): ApiJson<CreateAgent>) -> ApiResult<Response> {
+type ActorExt = axum::Extension<Actor>;
+
+/// The names of the fields a PATCH body sets, for the audit (never their values).
+fn fields_of(body: &serde_json::Value) -> Vec<String> {
+    body.as_object().map(|o| o.keys().cloned().collect()).unwrap_or_default()
+}
+
+async fn create_agent(
+    State(app): State<AppState>,
+    axum::Extension(actor): ActorExt,
+    ApiJson(body): ApiJson<CreateAgent>,
+) -> ApiResult<Response> {
     let agent = app.create_agent(body).await?;
+    app.record(
+        "agent.create",
+        &actor,
+        None,
+        Some(&agent.id),
+        &agent.spec.secrets,
+        serde_json::json!({"name": agent.spec.name, "harness_id": agent.spec.harness_id}),
+    )
+    .await;
     Ok((StatusCode::CREATED, Json(agent.view())).into_response())
 }
 
@@ -150,14 +232,48 @@ async fn get_agent(State(app): State<AppState>, Path(id): Path<String>) -> ApiRe
 
 async fn patch_agent(
     State(app): State<AppState>,
+    axum::Extension(actor): ActorExt,
     Path(id): Path<String>,
-    ApiJson(body): ApiJson<PatchAgent>,
+    ApiJson(raw): ApiJson<serde_json::Value>,
 ) -> ApiResult<Json<AgentView>> {
-    Ok(Json(app.patch_agent(&id, body).await?.view()))
+    let fields = fields_of(&raw);
+    let body: PatchAgent =
+        serde_json::from_value(raw).map_err(|e| ApiError::BadRequest(format!("invalid JSON body: {e}")))?;
+    let agent = app.patch_agent(&id, body).await?;
+    app.record(
+        "agent.update",
+        &actor,
+        None,
+        Some(&id),
+        &agent.spec.secrets,
+        serde_json::json!({ "fields": fields }),
+    )
+    .await;
+    Ok(Json(agent.view()))
 }
 
-async fn delete_agent(State(app): State<AppState>, Path(id): Path<String>) -> ApiResult<StatusCode> {
-    app.delete_agent(&id).await?;
+/// `DELETE /agents/{id}?stop_sessions=true`.
+#[derive(Debug, Default, serde::Deserialize)]
+#[serde(deny_unknown_fields)]
+struct DeleteAgentQuery {
+    #[serde(default)]
+    stop_sessions: bool,
+}
+
+async fn delete_agent(
+    State(app): State<AppState>,
+    axum::Extension(actor): ActorExt,
+    Path(id): Path<String>,
+    q: Result<Query<DeleteAgentQuery>, axum::extract::rejection::QueryRejection>,
+) -> ApiResult<StatusCode> {
+    let Query(q) = q?;
+    let stopped = app.delete_agent(&id, q.stop_sessions).await?;
+    for sid in &stopped {
+        app.record("session.delete", &actor, Some(sid), Some(&id), &[], serde_json::json!({"reason": "agent deleted"}))
+            .await;
+    }
+    app.record("agent.delete", &actor, None, Some(&id), &[], serde_json::json!({ "stopped_sessions": stopped }))
+        .await;
     Ok(StatusCode::NO_CONTENT)
 }
 
@@ -165,16 +281,28 @@ async fn delete_agent(State(app): State<AppState>, Path(id): Path<String>) -> Ap
 
 async fn create_session(
     State(app): State<AppState>,
+    axum::Extension(actor): ActorExt,
     Path(id): Path<String>,
-    body: axum::body::Bytes,
+    body: Result<axum::body::Bytes, axum::extract::rejection::BytesRejection>,
 ) -> ApiResult<Response> {
+    let body = body?;
     // The body is optional: no body means no title, prompt or env_vars.
     let req: CreateSession = if body.iter().all(u8::is_ascii_whitespace) {
         CreateSession::default()
     } else {
         serde_json::from_slice(&body).map_err(|e| ApiError::BadRequest(format!("invalid JSON body: {e}")))?
     };
+    let env_var_names: Vec<String> = req.env_vars.keys().cloned().collect();
     let session = app.create_session(&id, req).await?;
+    app.record(
+        "session.create",
+        &actor,
+        Some(&session.id),
+        Some(&id),
+        &env_var_names,
+        serde_json::json!({ "env_vars": env_var_names }),
+    )
+    .await;
     Ok((StatusCode::CREATED, Json(app.session_view(&session))).into_response())
 }
 
@@ -197,23 +325,50 @@ async fn get_session(State(app): State<AppState>, Path(id): Path<String>) -> Api
     Ok(Json(app.session_view(&app.get_session(&id).await?)))
 }
 
-async fn delete_session(State(app): State<AppState>, Path(id): Path<String>) -> ApiResult<Json<SessionView>> {
-    Ok(Json(app.session_view(&app.stop_session(&id).await?)))
+async fn delete_session(
+    State(app): State<AppState>,
+    axum::Extension(actor): ActorExt,
+    Path(id): Path<String>,
+) -> ApiResult<Json<SessionView>> {
+    let (s, ended) = app.stop_session_once(&id).await?;
+    if ended {
+        app.record("session.delete", &actor, Some(&id), Some(&s.agent_id), &[], serde_json::json!({}))
+            .await;
+    }
+    Ok(Json(app.session_view(&s)))
+}
+
+/// The audit of a message: its length, never its text.
+async fn record_message(app: &App, actor: &Actor, id: &str, text: &str, stream: bool) {
+    let agent = app.get_session(id).await.map(|s| s.agent_id).ok();
+    app.record(
+        "session.message",
+        actor,
+        Some(id),
+        agent.as_deref(),
+        &[],
+        serde_json::json!({ "chars": text.chars().count(), "stream": stream }),
+    )
+    .await;
 }
 
 async fn send_message(
     State(app): State<AppState>,
+    axum::Extension(actor): ActorExt,
     Path(id): Path<String>,
     ApiJson(body): ApiJson<MessageInput>,
 ) -> ApiResult<Json<serde_json::Value>> {
+    record_message(&app, &actor, &id, &body.text, false).await;
     Ok(Json(app.send_message(&id, &body.text).await?))
 }
 
 async fn message_stream(
     State(app): State<AppState>,
+    axum::Extension(actor): ActorExt,
     Path(id): Path<String>,
     ApiJson(body): ApiJson<MessageInput>,
 ) -> ApiResult<Response> {
+    record_message(&app, &actor, &id, &body.text, true).await;
     let upstream = app.message_stream(&id, &body.text).await?;
     let stream = upstream.bytes_stream().map(|r| r.map_err(std::io::Error::other));
     Response::builder()
@@ -259,14 +414,47 @@ async fn interceptions(State(app): State<AppState>, Path(id): Path<String>) -> A
     Ok(Json(app.interceptions(&id).await?))
 }
 
+/// `GET /api/v1/audit?session_id=&agent_id=&secret=&kind=&limit=&offset=`: interceptions and
+/// admin actions, oldest first.
+async fn audit(
+    State(app): State<AppState>,
+    q: Result<Query<AuditQuery>, axum::extract::rejection::QueryRejection>,
+) -> ApiResult<Json<Page<AuditView>>> {
+    let Query(q) = q?;
+    let (limit, offset) = page_bounds(&PageQuery {
+        limit: q.limit,
+        offset: q.offset,
+        ..PageQuery::default()
+    })?;
+    let filter = AuditFilter {
+        session_id: q.session_id,
+        agent_id: q.agent_id,
+        secret: q.secret,
+        kind: q.kind,
+    };
+    let (rows, total) = app.audit(&filter, limit, offset).await?;
+    Ok(Json(Page {
+        data: rows.iter().map(|r| r.view()).collect(),
+        total,
+        limit,
+        offset,
+    }))
+}
+
 // ---- secrets registry ----
 
-async fn create_secret(State(app): State<AppState>, ApiJson(body): ApiJson<SecretInput>) -> ApiResult<Response> {
+async fn create_secret(
+    State(app): State<AppState>,
+    axum::Extension(actor): ActorExt,
+    ApiJson(body): ApiJson<SecretInput>,
+) -> ApiResult<Response> {
     let name = body
         .name
         .clone()
         .ok_or_else(|| ApiError::BadRequest("name: required".into()))?;
     let s = app.put_secret(&name, body, false).await?;
+    app.record("secret.create", &actor, None, None, std::slice::from_ref(&name), serde_json::json!({"hosts": s.hosts}))
+        .await;
     Ok((StatusCode::CREATED, Json(s.view())).into_response())
 }
 
@@ -291,6 +479,7 @@ async fn get_secret(State(app): State<AppState>, Path(name): Path<String>) -> Ap
 
 async fn put_secret(
     State(app): State<AppState>,
+    axum::Extension(actor): ActorExt,
     Path(name): Path<String>,
     ApiJson(body): ApiJson<SecretInput>,
 ) -> ApiResult<Json<SecretView>> {
@@ -299,10 +488,26 @@ async fn put_secret(
             return Err(ApiError::BadRequest("name: must match the name in the path".into()));
         }
     }
-    Ok(Json(app.put_secret(&name, body, true).await?.view()))
+    let s = app.put_secret(&name, body, true).await?;
+    app.record("secret.update", &actor, None, None, std::slice::from_ref(&name), serde_json::json!({"hosts": s.hosts}))
+        .await;
+    Ok(Json(s.view()))
 }
 
-async fn delete_secret(State(app): State<AppState>, Path(name): Path<String>) -> ApiResult<StatusCode> {
-    app.delete_secret(&name).await?;
+async fn delete_secret(
+    State(app): State<AppState>,
+    axum::Extension(actor): ActorExt,
+    Path(name): Path<String>,
+) -> ApiResult<StatusCode> {
+    let revoked = app.delete_secret(&name).await?;
+    app.record(
+        "secret.delete",
+        &actor,
+        None,
+        None,
+        std::slice::from_ref(&name),
+        serde_json::json!({ "revoked_from_sessions": revoked }),
+    )
+    .await;
     Ok(StatusCode::NO_CONTENT)
 }

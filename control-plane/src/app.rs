@@ -2,7 +2,7 @@
 //! over the [`Store`] and a [`SandboxBackend`]. The HTTP layer ([`crate::api`]) only parses and
 //! renders; the reconciler ([`crate::reconciler`]) calls [`App::reconcile_once`].
 
-use std::collections::{BTreeMap, HashSet};
+use std::collections::BTreeMap;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
@@ -10,17 +10,17 @@ use lap_vault_sidecar::config::SecretSpec;
 use rand::RngCore;
 use tokio::sync::broadcast;
 
-use crate::backend::{Liveness, SandboxBackend, SandboxHandle, SandboxSpec};
+use crate::backend::{SandboxBackend, SandboxHandle, SandboxSpec};
 use crate::crypto::Cipher;
 use crate::env_vars;
 use crate::error::ApiError;
-use crate::lifecycle::{self, Action};
 use crate::metrics::Metrics;
 use crate::model::{
     now_ms, Agent, AgentSpec, CreateAgent, CreateSession, PatchAgent, RegistrySecret, SecretInput, Session,
     SessionView, Status, HARNESS_IDS, REDACTED,
 };
-use crate::store::{AgentRow, SecretRow, Store};
+use crate::audit::Actor;
+use crate::store::{AgentRow, AuditFilter, AuditRow, SecretRow, Store};
 
 /// Settings the service needs.
 #[derive(Debug, Clone)]
@@ -28,13 +28,20 @@ pub struct AppConfig {
     pub master_key: String,
     pub idle_timeout: Duration,
     pub create_timeout: Duration,
+    /// How long audit events are kept (`LAP_AUDIT_RETENTION`).
+    pub audit_retention: Duration,
 }
 
-/// How long a replica's claim on a reconcile pass lasts (it is released when the pass ends;
-/// this only bounds how long a replica that died mid-pass blocks the others).
-const RECONCILER_LEASE_MS: i64 = 60_000;
-/// How long a bring-up's claim on its session lasts without renewal (renewed every third of it).
-const BRINGUP_LEASE_MS: i64 = 30_000;
+/// How long a replica's claim on a reconcile pass lasts without renewal: it is renewed every
+/// [`LEASE_RENEW`] while the pass runs and released when it ends, so a replica killed mid-pass
+/// blocks the others for at most this long (a restarted one reconciles within 5 s).
+pub(crate) const RECONCILER_LEASE_MS: i64 = 3_000;
+/// How long a bring-up's claim on its session lasts without renewal. A session `creating` with
+/// no valid claim (its replica died) is failed by the next pass after it expires.
+const BRINGUP_LEASE_MS: i64 = 15_000;
+/// How often held leases are renewed; a bring-up also checks then whether its session was
+/// stopped meanwhile (by any replica) and, if so, cancels itself.
+pub(crate) const LEASE_RENEW: Duration = Duration::from_secs(1);
 
 fn bringup_lease(session_id: &str) -> String {
     format!("bringup:{session_id}")
@@ -47,16 +54,20 @@ pub struct App {
     pub backend: Arc<dyn SandboxBackend>,
     pub config: AppConfig,
     pub metrics: Metrics,
-    /// Sessions whose bring-up runs in this process.
-    in_flight: Mutex<HashSet<String>>,
+    /// Sessions whose bring-up runs in this process, with the signal that cancels it.
+    pub(crate) in_flight: Mutex<std::collections::HashMap<String, Arc<tokio::sync::Notify>>>,
+    /// An orphan sweep runs (at most one at a time, outside the reconcile pass).
+    pub(crate) sweeping: std::sync::atomic::AtomicBool,
+    /// This process has run a reconcile pass (the first one adopts the sessions it finds alive).
+    pub(crate) passed_once: std::sync::atomic::AtomicBool,
     /// This process's identity in the `leases` table (random per start).
-    replica: String,
+    pub(crate) replica: String,
     events: broadcast::Sender<SessionView>,
-    http: reqwest::Client,
+    pub(crate) http: reqwest::Client,
     /// Clients toward harnesses (TCP or their Unix socket).
     pub harness: crate::harness::HarnessClients,
     /// Failed health probes in a row, per ready session (this replica's passes).
-    unhealthy: Mutex<std::collections::HashMap<String, u32>>,
+    pub(crate) unhealthy: Mutex<std::collections::HashMap<String, u32>>,
 }
 
 impl std::fmt::Debug for App {
@@ -121,7 +132,9 @@ impl App {
             backend,
             config,
             metrics: Metrics::default(),
-            in_flight: Mutex::new(HashSet::new()),
+            in_flight: Mutex::new(std::collections::HashMap::new()),
+            sweeping: std::sync::atomic::AtomicBool::new(false),
+            passed_once: std::sync::atomic::AtomicBool::new(false),
             replica: new_id("rep"),
             events: broadcast::channel(256).0,
             http,
@@ -289,6 +302,7 @@ impl App {
         }
         validate_agent_spec(&a.spec, &a.env_vars)?;
         a.updated_at = now_ms();
+        let before = self.get_agent(id).await?;
         self.store
             .update_agent(&self.agent_row(&a)?)
             .await
@@ -296,14 +310,75 @@ impl App {
                 ApiError::Conflict(_) => ApiError::Conflict(format!("name: an agent named `{}` exists", a.spec.name)),
                 other => other,
             })?;
+        self.propagate_agent_env_vars(&before, &a).await;
         Ok(a)
     }
 
-    pub async fn delete_agent(&self, id: &str) -> Result<(), ApiError> {
+    /// An agent's own `env_vars` changed: running sessions get the new values (same stubs), and
+    /// lose the removed ones, like a registry rotation. A key added now reaches new sessions only
+    /// (a running harness has no stub for it).
+    async fn propagate_agent_env_vars(&self, before: &Agent, after: &Agent) {
+        if before.env_vars == after.env_vars && before.spec.env_var_hosts == after.spec.env_var_hosts {
+            return;
+        }
+        let Ok(bindings) = env_vars::validate(&after.env_vars, &BTreeMap::new(), &after.spec.env_var_hosts) else {
+            return;
+        };
+        for (s, handle) in self.running_sessions_using(|a| a.id == after.id).await {
+            for b in &bindings {
+                let (Some(new), old) = (after.env_vars.get(&b.name), before.env_vars.get(&b.name)) else {
+                    continue;
+                };
+                if old.is_none() || (old == Some(new) && before.spec.env_var_hosts == after.spec.env_var_hosts) {
+                    continue;
+                }
+                if let Err(e) = self.backend.rotate_secret(&handle, &b.name, new, &b.hosts, &[]).await {
+                    tracing::warn!(session = %s.id, key = %b.name, error = %e, "agent env_vars change did not reach session");
+                }
+            }
+            for k in before.env_vars.keys().filter(|k| !after.env_vars.contains_key(*k)) {
+                if let Err(e) = self.backend.revoke_secret(&handle, k).await {
+                    tracing::warn!(session = %s.id, key = %k, error = %e, "agent env_vars removal did not reach session");
+                }
+            }
+        }
+    }
+
+    /// Delete an agent. With sessions still `creating` or `ready`: 409 naming them, unless
+    /// `stop_sessions`, when they are stopped first. Returns the sessions stopped.
+    pub async fn delete_agent(&self, id: &str, stop_sessions: bool) -> Result<Vec<String>, ApiError> {
+        self.get_agent(id).await?;
+        let live: Vec<String> = self
+            .store
+            .sessions_with_status(&[Status::Creating, Status::Ready])
+            .await?
+            .into_iter()
+            .filter(|s| s.agent_id == id)
+            .map(|s| s.id)
+            .collect();
+        if !live.is_empty() && !stop_sessions {
+            return Err(ApiError::Conflict(format!(
+                "agent `{id}` has running sessions: {}; stop them (DELETE /sessions/{{id}}) or delete with \
+                 ?stop_sessions=true",
+                live.join(", ")
+            )));
+        }
+        let mut stopped = Vec::new();
+        for sid in &live {
+            if self.stop_session_once(sid).await?.1 {
+                stopped.push(sid.clone());
+            }
+        }
         if !self.store.delete_agent(id).await? {
             return Err(ApiError::NotFound(format!("agent `{id}`")));
         }
-        Ok(())
+        // A session created for this agent while it was being deleted: never left running.
+        for s in self.store.sessions_with_status(&[Status::Creating, Status::Ready]).await? {
+            if s.agent_id == id && self.stop_session_once(&s.id).await?.1 {
+                stopped.push(s.id);
+            }
+        }
+        Ok(stopped)
     }
 
     // ---- secrets registry ----
@@ -330,6 +405,7 @@ impl App {
         if input.value.is_empty() {
             return Err(bad("value: must not be empty"));
         }
+        env_vars::check_value("value", &input.value)?;
         env_vars::validate_hosts("hosts", &input.hosts)?;
         validate_locations(&input.locations)?;
         let now = now_ms();
@@ -358,17 +434,7 @@ impl App {
     }
 
     async fn propagate_rotation(&self, name: &str, input: &SecretInput) {
-        let Ok(sessions) = self.store.sessions_with_status(&[Status::Ready]).await else {
-            return;
-        };
-        for s in sessions {
-            let Ok(agent) = self.get_agent(&s.agent_id).await else {
-                continue;
-            };
-            if !agent.spec.secrets.iter().any(|n| n == name) {
-                continue;
-            }
-            let Some(handle) = self.handle(&s) else { continue };
+        for (s, handle) in self.running_sessions_using(|a| a.spec.secrets.iter().any(|n| n == name)).await {
             match self
                 .backend
                 .rotate_secret(&handle, name, &input.value, &input.hosts, &input.locations)
@@ -399,11 +465,43 @@ impl App {
         ))
     }
 
-    pub async fn delete_secret(&self, name: &str) -> Result<(), ApiError> {
+    /// Delete a registry secret and revoke it from every running session that holds it: their
+    /// vaults stop swapping its stub at once. Returns those sessions.
+    pub async fn delete_secret(&self, name: &str) -> Result<Vec<String>, ApiError> {
         if !self.store.delete_secret(name).await? {
             return Err(ApiError::NotFound(format!("secret `{name}`")));
         }
-        Ok(())
+        let mut revoked = Vec::new();
+        for (s, handle) in self.running_sessions_using(|a| a.spec.secrets.iter().any(|n| n == name)).await {
+            match self.backend.revoke_secret(&handle, name).await {
+                Ok(()) => {
+                    tracing::info!(session = %s.id, secret = %name, "revoked secret from running session");
+                    revoked.push(s.id);
+                }
+                Err(e) => tracing::warn!(session = %s.id, secret = %name, error = %e, "revocation did not reach session"),
+            }
+        }
+        Ok(revoked)
+    }
+
+    /// Ready sessions whose agent matches `uses`, with their sandboxes.
+    async fn running_sessions_using(&self, uses: impl Fn(&Agent) -> bool) -> Vec<(Session, SandboxHandle)> {
+        let Ok(sessions) = self.store.sessions_with_status(&[Status::Ready]).await else {
+            return Vec::new();
+        };
+        let mut out = Vec::new();
+        for s in sessions {
+            let Ok(agent) = self.get_agent(&s.agent_id).await else {
+                continue;
+            };
+            if !uses(&agent) {
+                continue;
+            }
+            if let Some(h) = self.handle(&s) {
+                out.push((s, h));
+            }
+        }
+        out
     }
 
     // ---- sessions ----
@@ -507,8 +605,9 @@ impl App {
             harness_token: random_hex(24),
             phases: Some(phase_tx),
         };
+        let cancel = Arc::new(tokio::sync::Notify::new());
         if let Ok(mut f) = self.in_flight.lock() {
-            f.insert(session.id.clone());
+            f.insert(session.id.clone(), cancel.clone());
         }
         let app = Arc::clone(self);
         let sid = session.id.clone();
@@ -521,27 +620,55 @@ impl App {
         });
         let app = Arc::clone(self);
         let initial_prompt = req.initial_prompt.clone();
-        tokio::spawn(async move { app.bring_up(spec, initial_prompt).await });
+        tokio::spawn(async move { app.bring_up(spec, initial_prompt, cancel).await });
         Ok(session)
     }
 
-    async fn bring_up(self: Arc<Self>, spec: SandboxSpec, initial_prompt: Option<String>) {
+    /// Bring the sandbox up; cancelled (and whatever it started removed) as soon as the session
+    /// is stopped, on this replica ([`App::stop_session`] signals `cancel`) or another (the
+    /// lease renewal sees the row is no longer `creating`).
+    async fn bring_up(self: Arc<Self>, spec: SandboxSpec, initial_prompt: Option<String>, cancel: Arc<tokio::sync::Notify>) {
         let id = spec.session_id.clone();
         let lease = bringup_lease(&id);
         let renew = {
-            let (store, replica, lease) = (self.store.clone(), self.replica.clone(), lease.clone());
+            let (store, replica, lease, id, cancel) = (
+                self.store.clone(),
+                self.replica.clone(),
+                lease.clone(),
+                id.clone(),
+                cancel.clone(),
+            );
             tokio::spawn(async move {
-                let period = Duration::from_millis(u64::try_from(BRINGUP_LEASE_MS / 3).unwrap_or(10_000));
                 loop {
-                    tokio::time::sleep(period).await;
+                    tokio::time::sleep(LEASE_RENEW).await;
                     if let Err(e) = store.try_lease(&lease, &replica, now_ms(), BRINGUP_LEASE_MS).await {
                         tracing::warn!(lease = %lease, error = %e, "renewing the bring-up lease failed");
+                    }
+                    if let Ok(Some(s)) = store.get_session(&id).await {
+                        if s.status != Status::Creating {
+                            cancel.notify_one();
+                            return;
+                        }
                     }
                 }
             })
         };
-        let result = tokio::time::timeout(self.config.create_timeout, self.backend.create(spec)).await;
+        let result = tokio::select! {
+            r = tokio::time::timeout(self.config.create_timeout, self.backend.create(spec)) => Some(r),
+            () = cancel.notified() => None,
+        };
         renew.abort();
+        let Some(result) = result else {
+            // Stopped while creating: the create future is dropped; remove what it started.
+            self.backend.remove(&id).await;
+            tracing::info!(session = %id, "bring-up cancelled: the session was stopped");
+            if let Ok(mut f) = self.in_flight.lock() {
+                f.remove(&id);
+            }
+            let _ = self.store.release_lease(&lease, &self.replica).await;
+            self.emit(&id).await;
+            return;
+        };
         let outcome = match result {
             Ok(Ok(handle)) => match self.cipher.seal_json(&handle) {
                 Ok(enc) => match self
@@ -601,16 +728,31 @@ impl App {
         s.sandbox.as_deref().and_then(|enc| self.cipher.open_json(enc).ok())
     }
 
-    /// Stop a session; idempotent, always ends `dead`.
+    /// Stop a session; idempotent, always ends `dead`. A session still `creating` has its
+    /// bring-up cancelled and whatever it started removed before this returns (when the
+    /// bring-up runs on another replica, that replica notices within [`LEASE_RENEW`]).
     pub async fn stop_session(&self, id: &str) -> Result<Session, ApiError> {
+        self.stop_session_once(id).await.map(|(s, _)| s)
+    }
+
+    /// [`App::stop_session`], and whether this call is the one that ended it (of concurrent
+    /// DELETEs, on any replica, exactly one is).
+    pub async fn stop_session_once(&self, id: &str) -> Result<(Session, bool), ApiError> {
         let s = self.get_session(id).await?;
-        if s.status != Status::Dead && self.store.transition(id, s.status, Status::Dead, None, None).await? {
+        let ended = s.status != Status::Dead && self.store.transition(id, s.status, Status::Dead, None, None).await?;
+        if ended {
+            let cancel = self.in_flight.lock().ok().and_then(|f| f.get(id).cloned());
+            if let Some(cancel) = cancel {
+                cancel.notify_one();
+                self.backend.remove(id).await;
+            }
             if let Some(h) = self.handle(&s) {
+                self.pull_before_stop(&s, &h).await;
                 self.destroy_sandbox(&h).await;
             }
             self.emit(id).await;
         }
-        self.get_session(id).await
+        Ok((self.get_session(id).await?, ended))
     }
 
     async fn ready_handle(&self, id: &str) -> Result<SandboxHandle, ApiError> {
@@ -716,156 +858,162 @@ impl App {
         }
     }
 
-    /// The sidecar's audit events for a session.
-    pub async fn interceptions(&self, id: &str) -> Result<serde_json::Value, ApiError> {
-        let handle = self.ready_handle(id).await?;
-        let resp = self
-            .http
-            .get(format!("{}/interceptions", handle.sidecar_admin_url))
-            .bearer_auth(&handle.sidecar_admin_token)
-            .timeout(Duration::from_secs(10))
-            .send()
-            .await
-            .map_err(|e| ApiError::BadGateway(format!("the vault sidecar is unreachable: {e}")))?;
-        if !resp.status().is_success() {
-            return Err(ApiError::BadGateway(format!(
-                "the vault sidecar answered {}",
-                resp.status()
-            )));
+    // ---- the durable audit ----
+
+    /// Record an admin action. A failure to store it is logged, not returned: the action happened.
+    pub async fn record(
+        &self,
+        kind: &str,
+        actor: &Actor,
+        session_id: Option<&str>,
+        agent_id: Option<&str>,
+        secrets: &[String],
+        detail: serde_json::Value,
+    ) {
+        let row = AuditRow {
+            id: new_id("aud"),
+            time: now_ms(),
+            kind: kind.to_owned(),
+            actor: actor.0.to_owned(),
+            session_id: session_id.map(str::to_owned),
+            agent_id: agent_id.map(str::to_owned),
+            secrets: crate::audit::secrets_column(secrets),
+            detail: detail.to_string(),
+        };
+        match self.store.insert_audit(&row).await {
+            Ok(_) => tracing::info!(kind, actor = actor.0, session = session_id, agent = agent_id, "audit"),
+            Err(e) => tracing::error!(kind, error = %e, "cannot store an audit event"),
         }
-        resp.json()
-            .await
-            .map_err(|e| ApiError::BadGateway(format!("the vault sidecar sent bad JSON: {e}")))
     }
 
-    // ---- reconciler ----
+    /// Pull the interceptions the session's sidecar holds that are not stored yet; returns how
+    /// many were new.
+    pub async fn pull_interceptions(&self, s: &Session, handle: &SandboxHandle) -> Result<usize, String> {
+        let cursor = self
+            .store
+            .audit_cursor(&s.id)
+            .await
+            .map_err(|e| e.to_string())?
+            .as_deref()
+            .and_then(crate::audit::Cursor::parse);
+        let fetch = |after: u64| {
+            self.http
+                .get(format!("{}/interceptions?after={after}", handle.sidecar_admin_url))
+                .bearer_auth(&handle.sidecar_admin_token)
+                .timeout(Duration::from_secs(5))
+                .send()
+        };
+        let read = |r: reqwest::Response| async move {
+            if !r.status().is_success() {
+                return Err(format!("the vault sidecar answered {}", r.status()));
+            }
+            let run = r
+                .headers()
+                .get("x-audit-run")
+                .and_then(|v| v.to_str().ok())
+                .unwrap_or_default()
+                .to_owned();
+            let events: Vec<serde_json::Value> = r.json().await.map_err(|e| format!("bad JSON: {e}"))?;
+            Ok((run, events))
+        };
+        let after = cursor.as_ref().map_or(0, |c| c.seq);
+        let (run, mut events) = read(fetch(after).await.map_err(|e| e.to_string())?).await?;
+        let want = crate::audit::after_for(cursor.as_ref(), &run);
+        if want != after {
+            // The sidecar restarted: its numbering began again.
+            events = read(fetch(want).await.map_err(|e| e.to_string())?).await?.1;
+        }
+        let mut new = 0;
+        let mut last = cursor.filter(|c| c.run == run).map_or(0, |c| c.seq);
+        let now = now_ms();
+        for e in &events {
+            let row = crate::audit::interception_row(&s.id, &s.agent_id, e, now);
+            if self.store.insert_audit(&row).await.map_err(|e| e.to_string())? {
+                new += 1;
+            }
+            last = last.max(e["seq"].as_u64().unwrap_or(0));
+        }
+        if !run.is_empty() {
+            let c = crate::audit::Cursor { run, seq: last };
+            self.store
+                .set_audit_cursor(&s.id, &c.render())
+                .await
+                .map_err(|e| e.to_string())?;
+        }
+        Ok(new)
+    }
+
+    /// Pull what the sidecar still holds before its sandbox goes away (best effort).
+    async fn pull_before_stop(&self, s: &Session, handle: &SandboxHandle) {
+        if let Err(e) = self.pull_interceptions(s, handle).await {
+            tracing::warn!(session = %s.id, error = %e, "could not pull the last interceptions before stopping");
+        }
+    }
+
+    /// `GET /api/v1/audit`.
+    pub async fn audit(&self, f: &AuditFilter, limit: i64, offset: i64) -> Result<(Vec<AuditRow>, i64), ApiError> {
+        Ok(self.store.list_audit(f, limit, offset).await?)
+    }
+
+    /// The sidecar's audit events for a session, from the durable audit (pulled first while the
+    /// session runs), oldest first: they outlive the session and server restarts.
+    pub async fn interceptions(&self, id: &str) -> Result<serde_json::Value, ApiError> {
+        let s = self.get_session(id).await?;
+        if s.status == Status::Ready {
+            if let Some(handle) = self.handle(&s) {
+                if let Err(e) = self.pull_interceptions(&s, &handle).await {
+                    tracing::warn!(session = %id, error = %e, "could not pull interceptions; showing those stored");
+                }
+            }
+        }
+        let filter = AuditFilter {
+            session_id: Some(id.to_owned()),
+            kind: Some("interception".into()),
+            ..AuditFilter::default()
+        };
+        let mut events = Vec::new();
+        let mut offset = 0;
+        loop {
+            let (rows, total) = self.store.list_audit(&filter, 200, offset).await?;
+            offset += i64::try_from(rows.len()).unwrap_or(0);
+            events.extend(rows.iter().map(|r| r.view().detail));
+            if rows.is_empty() || offset >= total {
+                break;
+            }
+        }
+        Ok(serde_json::Value::Array(events))
+    }
 
     /// This process's replica id (its name in the `leases` table).
     pub fn replica(&self) -> &str {
         &self.replica
     }
 
-    /// One reconcile pass, unless another replica is in the middle of one (the `reconciler`
-    /// lease, held for the pass only); returns whether this replica ran it. Within the pass every
-    /// change is also a compare-and-set on the row, so even overlapping passes never act twice,
-    /// and a session another live replica is bringing up (its `bringup:` lease) is left alone.
-    pub async fn reconcile_once(&self) -> Result<bool, ApiError> {
-        if !self
-            .store
-            .try_lease("reconciler", &self.replica, now_ms(), RECONCILER_LEASE_MS)
-            .await?
-        {
-            return Ok(false);
-        }
-        let result = self.reconcile_pass().await;
-        let _ = self.store.release_lease("reconciler", &self.replica).await;
-        result.map(|()| true)
+    /// One reconcile pass ([`crate::reconciler::reconcile_once`]).
+    pub async fn reconcile_once(self: &Arc<Self>) -> Result<bool, ApiError> {
+        crate::reconciler::reconcile_once(self).await
     }
 
-    /// Over `creating` and `ready` sessions, then an orphan sweep.
-    async fn reconcile_pass(&self) -> Result<(), ApiError> {
-        let now = now_ms();
-        let create_ms = i64::try_from(self.config.create_timeout.as_millis()).unwrap_or(i64::MAX);
-        let in_flight = self.in_flight.lock().map(|f| f.clone()).unwrap_or_default();
-        let sessions = self
-            .store
-            .sessions_with_status(&[Status::Creating, Status::Ready])
-            .await?;
-        // Every ready sandbox is probed at once: one wedged sandbox delays the pass by one probe
-        // timeout, not one per session.
-        let handles: Vec<Option<SandboxHandle>> = sessions.iter().map(|s| self.handle(s)).collect();
-        let probes = sessions.iter().zip(&handles).map(|(s, h)| async move {
-            match (h, s.status) {
-                (Some(h), Status::Ready) => Some(self.backend.liveness(h).await),
-                _ => None,
-            }
+    pub(crate) fn bringup_lease(session_id: &str) -> String {
+        bringup_lease(session_id)
+    }
+
+    pub(crate) fn sandbox_handle(&self, s: &Session) -> Option<SandboxHandle> {
+        self.handle(s)
+    }
+
+    pub(crate) async fn emit_session(&self, id: &str) {
+        self.emit(id).await;
+    }
+
+    /// Pull the last interceptions, stop and remove the sandbox, in the background (the
+    /// reconciler never waits on a slow stop).
+    pub(crate) fn stop_in_background(self: &Arc<Self>, s: Session, handle: SandboxHandle) {
+        let app = Arc::clone(self);
+        tokio::spawn(async move {
+            app.pull_before_stop(&s, &handle).await;
+            app.destroy_sandbox(&handle).await;
         });
-        let liveness = futures_util::future::join_all(probes).await;
-        let unhealthy: Vec<u32> = {
-            let mut counts = self.unhealthy.lock().unwrap_or_else(|p| p.into_inner());
-            counts.retain(|id, _| sessions.iter().any(|s| &s.id == id));
-            sessions
-                .iter()
-                .zip(&liveness)
-                .map(|(s, l)| match l {
-                    Some(Liveness::Unhealthy(why)) => {
-                        let n = counts.entry(s.id.clone()).or_insert(0);
-                        *n += 1;
-                        tracing::warn!(session = %s.id, failures = *n, reason = %why, "health probe failed");
-                        *n
-                    }
-                    _ => {
-                        counts.remove(&s.id);
-                        0
-                    }
-                })
-                .collect()
-        };
-        for (((s, handle), liveness), unhealthy) in sessions.into_iter().zip(handles).zip(liveness).zip(unhealthy) {
-            let in_flight = in_flight.contains(&s.id)
-                || (s.status == Status::Creating
-                    && self
-                        .store
-                        .lease_holder(&bringup_lease(&s.id), now)
-                        .await?
-                        .is_some_and(|h| h != self.replica));
-            match lifecycle::decide(&s, now, create_ms, in_flight, liveness, unhealthy) {
-                Action::Nothing => {}
-                Action::Fail(reason) => {
-                    if self
-                        .store
-                        .transition(&s.id, Status::Creating, Status::Failed, Some(&reason), None)
-                        .await?
-                    {
-                        tracing::warn!(session = %s.id, reason = %reason, "session failed");
-                        self.metrics.sessions_failed.inc();
-                        self.emit(&s.id).await;
-                    }
-                }
-                Action::Vanished(reason) => {
-                    if self
-                        .store
-                        .transition(&s.id, Status::Ready, Status::Dead, Some(&reason), None)
-                        .await?
-                    {
-                        tracing::warn!(session = %s.id, reason = %reason, "sandbox vanished or stopped answering");
-                        if let Some(h) = &handle {
-                            self.destroy_sandbox(h).await;
-                        }
-                        self.metrics.sessions_vanished.inc();
-                        self.emit(&s.id).await;
-                    }
-                }
-                Action::IdleStop => {
-                    if self
-                        .store
-                        .transition(&s.id, Status::Ready, Status::Dead, None, None)
-                        .await?
-                    {
-                        tracing::info!(session = %s.id, "idle timeout: stopping");
-                        if let Some(h) = &handle {
-                            self.destroy_sandbox(h).await;
-                        }
-                        self.metrics.sessions_reaped.inc();
-                        self.emit(&s.id).await;
-                    }
-                }
-            }
-        }
-        let mut keep: HashSet<String> = self
-            .store
-            .sessions_with_status(&[Status::Creating, Status::Ready])
-            .await?
-            .into_iter()
-            .map(|s| s.id)
-            .collect();
-        keep.extend(self.in_flight.lock().map(|f| f.clone()).unwrap_or_default());
-        let removed = self.backend.remove_orphans(&keep).await;
-        if removed > 0 {
-            tracing::info!(removed, "removed orphaned sandboxes");
-        }
-        self.store.prune_leases(now - 3_600_000).await?;
-        Ok(())
     }
 
     /// Count of sessions per status, for `/metrics`.

@@ -241,6 +241,22 @@ pub fn validate_hosts(field: &str, hosts: &[String]) -> Result<(), EnvVarError> 
     Ok(())
 }
 
+/// A value the vault can send in a header, query or body: printable ASCII (space to `~`), so no
+/// CR, LF, NUL or other control byte that would break the request it is swapped into.
+pub fn check_value(field: &str, value: &str) -> Result<(), EnvVarError> {
+    match value.bytes().position(|b| !(0x20..=0x7e).contains(&b)) {
+        None => Ok(()),
+        Some(i) => Err(err(
+            field,
+            format!(
+                "the value holds byte {:#04x} at offset {i}: values must be printable ASCII \
+                 (no CR, LF, NUL or other control characters)",
+                value.as_bytes()[i]
+            ),
+        )),
+    }
+}
+
 /// Validate a session's `env_vars` against SPEC §3.3.
 ///
 /// `env_var_hosts` are the request's bindings; `inherited_hosts` those of the agent (consulted
@@ -283,6 +299,7 @@ pub fn validate(
         if value.is_empty() {
             return Err(err(field, "value must not be empty"));
         }
+        check_value(&field, value)?;
         let hosts = if let Some(hosts) = env_var_hosts.get(key) {
             validate_hosts(&format!("env_var_hosts.{key}"), hosts)?;
             hosts.clone()
@@ -505,6 +522,16 @@ mod tests {
         ] {
             assert!(reserved_reason(ok).is_none(), "{ok}");
         }
+    }
+
+    #[test]
+    fn values_the_vault_cannot_send_are_refused() {
+        for bad in ["a\r\nX-Injected: 1", "line\n", "nul\0", "tab\there", "é"] {
+            let e = validate(&map(&[("ANTHROPIC_API_KEY", bad)]), &hosts(&[]), &BTreeMap::new()).unwrap_err();
+            assert_eq!(e.field, "env_vars.ANTHROPIC_API_KEY", "{bad:?}");
+            assert!(e.reason.contains("printable ASCII"), "{bad:?}: {e}");
+        }
+        assert!(check_value("v", "sk-ant-api03 with spaces ~!").is_ok());
     }
 
     #[test]

@@ -28,6 +28,9 @@ pub enum ApiError {
     BadGateway(String),
     #[error("internal error")]
     Internal(String),
+    /// An extractor's rejection, with its own status (a body over the limit stays 413).
+    #[error("{message}")]
+    Rejected { status: StatusCode, message: String },
 }
 
 impl ApiError {
@@ -39,6 +42,7 @@ impl ApiError {
             Self::Conflict(_) => StatusCode::CONFLICT,
             Self::BadGateway(_) => StatusCode::BAD_GATEWAY,
             Self::Internal(_) => StatusCode::INTERNAL_SERVER_ERROR,
+            Self::Rejected { status, .. } => *status,
         }
     }
 }
@@ -73,15 +77,26 @@ impl From<EnvVarError> for ApiError {
     }
 }
 
-/// JSON body rejections become 400s with serde's message (which names the field).
-impl From<axum::extract::rejection::JsonRejection> for ApiError {
-    fn from(e: axum::extract::rejection::JsonRejection) -> Self {
-        Self::BadRequest(e.body_text())
-    }
+/// Every extractor's rejection keeps its status (413 for a body over the limit, 415 for a wrong
+/// content type, …), with its message, except axum's 422 for a body that parses but does not
+/// fit the shape: that is a validation error, 400 naming the field like every other (SPEC §3.2).
+macro_rules! rejections {
+    ($($t:ty),*) => {$(
+        impl From<$t> for ApiError {
+            fn from(e: $t) -> Self {
+                let status = match e.status() {
+                    StatusCode::UNPROCESSABLE_ENTITY => StatusCode::BAD_REQUEST,
+                    other => other,
+                };
+                Self::Rejected { status, message: e.body_text() }
+            }
+        }
+    )*};
 }
 
-impl From<axum::extract::rejection::QueryRejection> for ApiError {
-    fn from(e: axum::extract::rejection::QueryRejection) -> Self {
-        Self::BadRequest(e.body_text())
-    }
-}
+rejections!(
+    axum::extract::rejection::JsonRejection,
+    axum::extract::rejection::QueryRejection,
+    axum::extract::rejection::PathRejection,
+    axum::extract::rejection::BytesRejection
+);

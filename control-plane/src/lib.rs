@@ -8,6 +8,7 @@
 pub mod agent_events;
 pub mod api;
 pub mod app;
+pub mod audit;
 pub mod backend;
 pub mod console;
 pub mod crypto;

@@ -16,6 +16,8 @@ async fn main() -> ExitCode {
     tracing_subscriber::fmt()
         .with_env_filter(tracing_subscriber::EnvFilter::new(filter))
         .json()
+        .flatten_event(true)
+        .with_current_span(false)
         .init();
 
     let settings = Settings::parse();
@@ -48,7 +50,8 @@ async fn main() -> ExitCode {
     // long-lived streams (SSE). Sandboxes keep running; the next start adopts them.
     let (stop_tx, stop_rx) = tokio::sync::watch::channel(false);
     tokio::spawn(async move {
-        wait_for_signal().await;
+        let signal = wait_for_signal().await;
+        tracing::info!(signal, "shutting down: no new requests; sandboxes keep running and the next start adopts them");
         let _ = stop_tx.send(true);
     });
     let mut graceful = stop_rx.clone();
@@ -71,11 +74,12 @@ async fn main() -> ExitCode {
         }
         () = hard_stop => tracing::info!("open streams did not close within 5s; exiting"),
     }
+    tracing::info!("lap-server stopped");
     ExitCode::SUCCESS
 }
 
-/// SIGINT (Ctrl-C) or SIGTERM.
-async fn wait_for_signal() {
+/// SIGINT (Ctrl-C) or SIGTERM; which one.
+async fn wait_for_signal() -> &'static str {
     let term = async {
         match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()) {
             Ok(mut s) => {
@@ -85,7 +89,7 @@ async fn wait_for_signal() {
         }
     };
     tokio::select! {
-        _ = tokio::signal::ctrl_c() => {}
-        () = term => {}
+        _ = tokio::signal::ctrl_c() => "SIGINT",
+        () = term => "SIGTERM",
     }
 }

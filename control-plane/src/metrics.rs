@@ -28,6 +28,7 @@ pub struct Metrics {
     pub messages: Counter,
     pub message_errors: Counter,
     pub tty_attaches: Counter,
+    pub reconcile_passes: Counter,
 }
 
 impl Metrics {
@@ -58,6 +59,11 @@ impl Metrics {
                 "lap_tty_attaches_total",
                 "Terminal attaches relayed to harnesses",
                 &self.tty_attaches,
+            ),
+            (
+                "lap_reconcile_passes_total",
+                "Reconcile passes this replica ran to the end",
+                &self.reconcile_passes,
             ),
         ];
         for (name, help, c) in counters {

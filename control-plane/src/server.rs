@@ -221,6 +221,7 @@ pub async fn build(settings: &Settings) -> Result<Server, StartError> {
             master_key: keys.master_key.clone(),
             idle_timeout: settings.idle_timeout,
             create_timeout: settings.create_timeout,
+            audit_retention: settings.audit_retention,
         },
     );
     Ok(Server { app, keys })

@@ -60,6 +60,9 @@ pub struct Settings {
     /// A session still `creating` after this long is `failed`.
     #[arg(long, env = "LAP_CREATE_TIMEOUT", default_value = "10m", value_parser = parse_duration)]
     pub create_timeout: Duration,
+    /// How long audit events (interceptions, admin actions) and stopped sessions' logs are kept.
+    #[arg(long, env = "LAP_AUDIT_RETENTION", default_value = "30d", value_parser = parse_duration)]
+    pub audit_retention: Duration,
     /// How often the reconciler runs.
     #[arg(long, env = "LAP_RECONCILE_INTERVAL", default_value = "10s", value_parser = parse_duration)]
     pub reconcile_interval: Duration,

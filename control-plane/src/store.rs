@@ -68,11 +68,43 @@ fn migrator() -> Migrator {
             Cow::Borrowed(include_str!("../migrations/0004_console_sessions.sql")),
             false,
         ),
+        Migration::new(
+            5,
+            Cow::Borrowed("audit"),
+            MigrationType::Simple,
+            Cow::Borrowed(include_str!("../migrations/0005_audit.sql")),
+            false,
+        ),
     ];
     Migrator {
         migrations: Cow::Owned(migrations),
         ..Migrator::DEFAULT
     }
+}
+
+/// One stored audit event (`audit_events`).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct AuditRow {
+    pub id: String,
+    /// Epoch ms.
+    pub time: i64,
+    pub kind: String,
+    pub actor: String,
+    pub session_id: Option<String>,
+    pub agent_id: Option<String>,
+    /// `,A,B,`: the secret names involved.
+    pub secrets: String,
+    /// JSON: the sidecar's event for an interception; what changed for an admin action.
+    pub detail: String,
+}
+
+/// `GET /api/v1/audit` filters; `kind` matches exactly or as a prefix (`agent` → `agent.*`).
+#[derive(Debug, Clone, Default)]
+pub struct AuditFilter {
+    pub session_id: Option<String>,
+    pub agent_id: Option<String>,
+    pub secret: Option<String>,
+    pub kind: Option<String>,
 }
 
 /// An agent row: spec JSON and encrypted env vars, as stored.
@@ -443,6 +475,102 @@ impl Store {
     }
 
     /// Forget leases that expired before `before_ms` (left by replicas that died).
+    // ---- the durable audit ----
+
+    /// Store `e` unless an event with its id is already stored (pulling twice stores once).
+    pub async fn insert_audit(&self, e: &AuditRow) -> Result<bool, StoreError> {
+        let r = sqlx::query(
+            "INSERT INTO audit_events (id, time, kind, actor, session_id, agent_id, secrets, detail) \
+             VALUES ($1, $2, $3, $4, $5, $6, $7, $8) ON CONFLICT (id) DO NOTHING",
+        )
+        .bind(&e.id)
+        .bind(e.time)
+        .bind(&e.kind)
+        .bind(&e.actor)
+        .bind(e.session_id.clone())
+        .bind(e.agent_id.clone())
+        .bind(&e.secrets)
+        .bind(&e.detail)
+        .execute(&self.pool)
+        .await?;
+        Ok(r.rows_affected() > 0)
+    }
+
+    /// Audit events matching `f`, oldest first, and how many match in all.
+    pub async fn list_audit(&self, f: &AuditFilter, limit: i64, offset: i64) -> Result<(Vec<AuditRow>, i64), StoreError> {
+        // Every filter is optional: `$n IS NULL OR column = $n` keeps one statement.
+        let clause = "WHERE ($1 IS NULL OR session_id = $1) AND ($2 IS NULL OR agent_id = $2) \
+                      AND ($3 IS NULL OR secrets LIKE $3 ESCAPE '\\') AND ($4 IS NULL OR kind = $4 OR kind LIKE $5 ESCAPE '\\')";
+        // `_` is LIKE's one-character wildcard, and names are made of letters, digits and `_`.
+        let like_secret = f.secret.as_ref().map(|s| format!("%,{},%", s.replace('_', "\\_")));
+        let like_kind = f.kind.as_ref().map(|k| format!("{}.%", k.replace('_', "\\_")));
+        let rows = sqlx::query(&format!(
+            "SELECT id, time, kind, actor, session_id, agent_id, secrets, detail FROM audit_events {clause} \
+             ORDER BY time, id LIMIT $6 OFFSET $7"
+        ))
+        .bind(f.session_id.clone())
+        .bind(f.agent_id.clone())
+        .bind(like_secret.clone())
+        .bind(f.kind.clone())
+        .bind(like_kind.clone())
+        .bind(limit)
+        .bind(offset)
+        .fetch_all(&self.pool)
+        .await?;
+        let total: i64 = sqlx::query(&format!("SELECT COUNT(*) FROM audit_events {clause}"))
+            .bind(f.session_id.clone())
+            .bind(f.agent_id.clone())
+            .bind(like_secret)
+            .bind(f.kind.clone())
+            .bind(like_kind)
+            .fetch_one(&self.pool)
+            .await?
+            .try_get(0)?;
+        let rows = rows
+            .iter()
+            .map(|r| {
+                Ok(AuditRow {
+                    id: r.try_get(0)?,
+                    time: r.try_get(1)?,
+                    kind: r.try_get(2)?,
+                    actor: r.try_get(3)?,
+                    session_id: r.try_get(4)?,
+                    agent_id: r.try_get(5)?,
+                    secrets: r.try_get(6)?,
+                    detail: r.try_get(7)?,
+                })
+            })
+            .collect::<Result<_, StoreError>>()?;
+        Ok((rows, total))
+    }
+
+    /// Delete audit events older than `before_ms`; returns how many.
+    pub async fn prune_audit(&self, before_ms: i64) -> Result<u64, StoreError> {
+        let r = sqlx::query("DELETE FROM audit_events WHERE time < $1")
+            .bind(before_ms)
+            .execute(&self.pool)
+            .await?;
+        Ok(r.rows_affected())
+    }
+
+    /// How far a session's interceptions have been pulled (`<run>:<seq>`).
+    pub async fn audit_cursor(&self, session_id: &str) -> Result<Option<String>, StoreError> {
+        let row = sqlx::query("SELECT audit_cursor FROM sessions WHERE id = $1")
+            .bind(session_id)
+            .fetch_optional(&self.pool)
+            .await?;
+        Ok(row.map(|r| r.try_get(0)).transpose()?.flatten())
+    }
+
+    pub async fn set_audit_cursor(&self, session_id: &str, cursor: &str) -> Result<(), StoreError> {
+        sqlx::query("UPDATE sessions SET audit_cursor = $2 WHERE id = $1")
+            .bind(session_id)
+            .bind(cursor)
+            .execute(&self.pool)
+            .await?;
+        Ok(())
+    }
+
     pub async fn prune_leases(&self, before_ms: i64) -> Result<(), StoreError> {
         sqlx::query("DELETE FROM leases WHERE expires_at < $1")
             .bind(before_ms)

@@ -172,6 +172,16 @@ pub async fn tty(
     };
     app.touch(&id).await;
     app.metrics.tty_attaches.inc();
+    let agent = app.get_session(&id).await.map(|s| s.agent_id).ok();
+    app.record(
+        "session.attach",
+        &crate::audit::Actor::TTY_TOKEN,
+        Some(&id),
+        agent.as_deref(),
+        &[],
+        serde_json::json!({}),
+    )
+    .await;
     Ok(ws
         .on_upgrade(move |client| relay(client, upstream, app, id))
         .into_response())

@@ -49,6 +49,7 @@ async fn setup(url: Option<String>) -> Harness {
             master_key: KEY.into(),
             idle_timeout: Duration::from_secs(3600),
             create_timeout: Duration::from_secs(60),
+            audit_retention: Duration::from_secs(30 * 86_400),
         },
     );
     Harness {
@@ -444,10 +445,10 @@ async fn sqlite_encrypted_at_rest() {
 /// The same checks on a real Postgres (`.ci/run` sets `LAP_TEST_DATABASE_URL`).
 #[tokio::test]
 async fn postgres_all() {
-    let Ok(url) = std::env::var("LAP_TEST_DATABASE_URL") else {
-        eprintln!("skipping postgres_all: LAP_TEST_DATABASE_URL is not set");
-        return;
-    };
+    let url = std::env::var("LAP_TEST_DATABASE_URL").expect(
+        "LAP_TEST_DATABASE_URL is not set: `. control-plane/ci/postgres.sh` starts a throwaway \
+         PostgreSQL and sets it (.ci/run does)",
+    );
     let h = setup(Some(url)).await;
     agents_crud(&h).await;
     secrets_registry(&h).await;

@@ -53,6 +53,7 @@ async fn setup() -> Harness {
             master_key: KEY.into(),
             idle_timeout: Duration::from_secs(3600),
             create_timeout: Duration::from_secs(60),
+            audit_retention: Duration::from_secs(30 * 86_400),
         },
     );
     let platform = Platform {

@@ -13,14 +13,15 @@
 //!
 //! Run it with `bash benches/sandbox.sh` (builds release, runs this).
 
+use std::ffi::OsString;
 use std::path::{Path, PathBuf};
-use std::process::Stdio;
 use std::time::{Duration, Instant};
 
 use anyhow::{bail, ensure, Context as _, Result};
 use clap::Parser;
+use lap_benches::lapserver::{bin_dir, free_port, obedient_claude, percentile, LapServer};
 use lap_benches::pki::UpstreamPki;
-use serde_json::{json, Value};
+use serde_json::json;
 
 #[derive(Parser, Debug)]
 #[command(about = "Create → ready and keep-alive latency through the vault, bubblewrap vs no isolation")]
@@ -38,85 +39,14 @@ struct Args {
 
 const REAL: &str = "bench-REAL-key-0123456789abcdef";
 
-const OBEDIENT_CLAUDE: &str = r#"#!/usr/bin/env python3
-import json, subprocess, sys
-args = sys.argv[1:]
-text = args[args.index("--") + 1] if "--" in args else ""
-r = subprocess.run(["sh", "-c", text], capture_output=True, text=True, timeout=600)
-print(json.dumps({"type": "system", "subtype": "init", "session_id": "bench"}))
-print(json.dumps({"type": "result", "subtype": "success", "is_error": False,
-                  "result": r.stdout + r.stderr, "session_id": "bench"}))
-"#;
-
-struct Server {
-    url: String,
-    http: reqwest::Client,
-    child: tokio::process::Child,
-}
-
-impl Drop for Server {
-    fn drop(&mut self) {
-        let _ = self.child.start_kill();
-    }
-}
-
-impl Server {
-    async fn call(&self, method: reqwest::Method, path: &str, body: Option<Value>) -> Result<Value> {
-        let mut req = self
-            .http
-            .request(method, format!("{}/api/v1/managed_agents{path}", self.url))
-            .bearer_auth("bench");
-        if let Some(b) = body {
-            req = req.json(&b);
-        }
-        let r = req.send().await?;
-        let status = r.status();
-        let v: Value = r.json().await?;
-        ensure!(status.is_success(), "{path}: {status} {v}");
-        Ok(v)
-    }
-}
-
-async fn start(bins: &Path, dir: &Path, isolation: &str, base: &Path, path: &str) -> Result<Server> {
-    let port = std::net::TcpListener::bind("127.0.0.1:0")?.local_addr()?.port();
-    let child = tokio::process::Command::new(bins.join("lap-server"))
-        .env("LAP_LISTEN", format!("127.0.0.1:{port}"))
-        .env("LAP_DATA_DIR", dir.join(format!("data-{isolation}")))
-        .env("MASTER_KEY", "bench")
-        .env("LAP_SIDECAR_BIN", bins.join("vault-sidecar"))
-        .env("LAP_HARNESS_BIN", bins.join("lap-harness"))
-        .env("LAP_SIDECAR_BASE_CONFIG", base)
-        .env("LAP_LOCAL_ISOLATION", isolation)
-        .env("LAP_LOCAL_RO_PATHS", dir.join("bin"))
-        .env("PATH", path)
-        .env("LAP_LOG", "warn")
-        .stdout(Stdio::null())
-        .stderr(Stdio::null())
-        .kill_on_drop(true)
-        .spawn()
-        .context("start lap-server")?;
-    let server = Server {
-        url: format!("http://127.0.0.1:{port}"),
-        http: reqwest::Client::builder().no_proxy().build()?,
-        child,
-    };
-    let deadline = Instant::now() + Duration::from_secs(30);
-    while !server
-        .http
-        .get(format!("{}/health", server.url))
-        .send()
-        .await
-        .is_ok_and(|r| r.status().is_success())
-    {
-        ensure!(Instant::now() < deadline, "lap-server did not start");
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
-    Ok(server)
-}
-
-fn percentile(sorted: &[f64], p: f64) -> f64 {
-    let i = ((sorted.len() as f64 - 1.0) * p).round() as usize;
-    sorted[i.min(sorted.len() - 1)]
+async fn start(bins: &Path, dir: &Path, isolation: &str, base: &Path, path: &str, ro: &Path) -> Result<LapServer> {
+    let env: [(&str, OsString); 4] = [
+        ("LAP_SIDECAR_BASE_CONFIG", base.into()),
+        ("LAP_LOCAL_ISOLATION", isolation.into()),
+        ("LAP_LOCAL_RO_PATHS", ro.into()),
+        ("PATH", path.into()),
+    ];
+    LapServer::start(bins, &dir.join(format!("data-{isolation}")), free_port()?, &env).await
 }
 
 struct ModeResult {
@@ -131,8 +61,9 @@ async fn run_mode(
     isolation: &str,
     base: &Path,
     path: &str,
+    ro: &Path,
 ) -> Result<ModeResult> {
-    let server = start(bins, dir, isolation, base, path).await?;
+    let server = start(bins, dir, isolation, base, path, ro).await?;
     let agent = server
         .call(
             reqwest::Method::POST,
@@ -212,10 +143,7 @@ async fn run_mode(
 #[tokio::main]
 async fn main() -> Result<()> {
     let args = Args::parse();
-    let bins = match &args.bin_dir {
-        Some(d) => d.clone(),
-        None => std::env::current_exe()?.parent().context("bin dir")?.to_owned(),
-    };
+    let bins = bin_dir(args.bin_dir.as_deref())?;
     let dir = tempfile::tempdir()?;
     let pki = UpstreamPki::generate()?;
     let upstream = lap_benches::upstream::serve(pki.server_config(&[b"h2", b"http/1.1"])?, REAL).await?;
@@ -228,19 +156,13 @@ async fn main() -> Result<()> {
             dir.path().join("upstream-ca.pem").display().to_string()
         ),
     )?;
-    let bin = dir.path().join("bin");
-    std::fs::create_dir_all(&bin)?;
-    std::fs::write(bin.join("claude"), OBEDIENT_CLAUDE)?;
-    {
-        use std::os::unix::fs::PermissionsExt;
-        std::fs::set_permissions(bin.join("claude"), std::fs::Permissions::from_mode(0o755))?;
-    }
+    let bin = obedient_claude(dir.path())?;
     let path = format!("{}:{}", bin.display(), std::env::var("PATH").unwrap_or_default());
 
     let mut results = Vec::new();
     for isolation in ["bubblewrap", "none"] {
         eprintln!("{isolation}: {} sessions, {} requests…", args.sessions, args.requests);
-        let mut r = run_mode(&args, &bins, dir.path(), isolation, &base, &path).await?;
+        let mut r = run_mode(&args, &bins, dir.path(), isolation, &base, &path, &bin).await?;
         r.ready_ms.sort_by(f64::total_cmp);
         r.request_us.sort_by(f64::total_cmp);
         results.push((isolation, r));

@@ -291,6 +291,40 @@ impl KubernetesBackend {
 
     /// After a failed bring-up: delete this session's Sandbox and Secret, but never objects of
     /// the same name that carry another session's label.
+    /// Read-modify-replace the session Secret's `secrets.json` (with its resourceVersion; a 409
+    /// means someone else wrote: again). The kubelet refreshes the mounted file; the vault
+    /// reloads it on change.
+    async fn edit_secrets_file(
+        &self,
+        handle: &SandboxHandle,
+        edit: impl Fn(&mut SecretsFile),
+    ) -> Result<(), BackendError> {
+        let d = Self::detail(handle).ok_or_else(|| failed("not a Kubernetes sandbox"))?;
+        let api = self.secrets();
+        for _ in 0..5 {
+            let mut secret = api
+                .get(&d.secret)
+                .await
+                .map_err(|e| api_failed("reading the session Secret", &e))?;
+            let data = secret.data.get_or_insert_with(BTreeMap::new);
+            let mut file: SecretsFile = data
+                .get("secrets.json")
+                .map(|b| serde_json::from_slice(&b.0))
+                .transpose()
+                .map_err(|e| failed(format!("the session Secret's secrets.json: {e}")))?
+                .unwrap_or_default();
+            edit(&mut file);
+            let json = serde_json::to_vec(&file).map_err(|e| failed(format!("secrets file: {e}")))?;
+            data.insert("secrets.json".to_owned(), ByteString(json));
+            match api.replace(&d.secret, &PostParams::default(), &secret).await {
+                Ok(_) => return Ok(()),
+                Err(e) if is_status(&e, 409) => continue,
+                Err(e) => return Err(api_failed("updating the session Secret", &e)),
+            }
+        }
+        Err(failed("the session Secret kept changing during rotation"))
+    }
+
     async fn delete_own(&self, session_id: &str) {
         let name = sandbox::sandbox_name(session_id);
         let secret = sandbox::secret_name(&name);
@@ -393,32 +427,17 @@ impl SandboxBackend for KubernetesBackend {
         hosts: &[String],
         locations: &[String],
     ) -> Result<(), BackendError> {
-        let d = Self::detail(handle).ok_or_else(|| failed("not a Kubernetes sandbox"))?;
-        let api = self.secrets();
-        // Read-modify-replace with the resourceVersion; a 409 means someone else wrote: again.
-        for _ in 0..5 {
-            let mut secret = api
-                .get(&d.secret)
-                .await
-                .map_err(|e| api_failed("reading the session Secret", &e))?;
-            let data = secret.data.get_or_insert_with(BTreeMap::new);
-            let mut file: SecretsFile = data
-                .get("secrets.json")
-                .map(|b| serde_json::from_slice(&b.0))
-                .transpose()
-                .map_err(|e| failed(format!("the session Secret's secrets.json: {e}")))?
-                .unwrap_or_default();
-            rotate_in_file(&mut file, name, value, hosts, locations);
-            let json = serde_json::to_vec(&file).map_err(|e| failed(format!("secrets file: {e}")))?;
-            data.insert("secrets.json".to_owned(), ByteString(json));
-            match api.replace(&d.secret, &PostParams::default(), &secret).await {
-                // The kubelet refreshes the mounted file; the vault reloads it on change.
-                Ok(_) => return Ok(()),
-                Err(e) if is_status(&e, 409) => continue,
-                Err(e) => return Err(api_failed("updating the session Secret", &e)),
-            }
-        }
-        Err(failed("the session Secret kept changing during rotation"))
+        self.edit_secrets_file(handle, |file| rotate_in_file(file, name, value, hosts, locations))
+            .await
+    }
+
+    async fn revoke_secret(&self, handle: &SandboxHandle, name: &str) -> Result<(), BackendError> {
+        self.edit_secrets_file(handle, |file| file.secrets.retain(|s| s.name != name))
+            .await
+    }
+
+    async fn remove(&self, session_id: &str) {
+        self.delete_own(session_id).await;
     }
 
     async fn remove_orphans(&self, keep: &HashSet<String>) -> usize {

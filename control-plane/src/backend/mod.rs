@@ -123,6 +123,14 @@ pub trait SandboxBackend: Send + Sync + 'static {
         hosts: &[String],
         locations: &[String],
     ) -> Result<(), BackendError>;
+    /// Take the secret `name` out of the sandbox's vault (registry DELETE): its stub is no
+    /// longer swapped. Idempotent.
+    async fn revoke_secret(&self, handle: &SandboxHandle, name: &str) -> Result<(), BackendError>;
+    /// Stop and remove whatever a bring-up of session `session_id` has started so far (after it
+    /// was cancelled: the session was stopped while `creating`). Idempotent.
+    async fn remove(&self, session_id: &str);
     /// Remove sandboxes whose session is not in `keep` (orphans). Returns how many.
     async fn remove_orphans(&self, keep: &std::collections::HashSet<String>) -> usize;
+    /// Delete kept logs of stopped sandboxes older than `retention` (backends that keep them).
+    async fn prune_logs(&self, _retention: std::time::Duration) {}
 }

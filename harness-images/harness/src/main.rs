@@ -57,6 +57,8 @@ async fn run(git_token: Option<String>) -> ExitCode {
     tracing_subscriber::fmt()
         .with_env_filter(tracing_subscriber::EnvFilter::new(filter))
         .json()
+        .flatten_event(true)
+        .with_current_span(false)
         .init();
 
     let harness_id = env("LAP_HARNESS_ID").unwrap_or_else(|| "claude-code".into());

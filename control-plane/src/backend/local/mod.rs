@@ -137,8 +137,8 @@ pub struct LocalBackend {
     http: reqwest::Client,
     /// HTTP clients over each harness's Unix socket.
     harness_clients: crate::harness::HarnessClients,
-    /// Children this process started, by pid, reaped in the background.
-    reaped: std::sync::Arc<Mutex<HashSet<i32>>>,
+    /// Children this process started and reaped in the background, by pid, with how they ended.
+    reaped: std::sync::Arc<Mutex<HashMap<i32, std::process::ExitStatus>>>,
 }
 
 fn failed(msg: impl Into<String>) -> BackendError {
@@ -191,8 +191,9 @@ fn log_tail(path: &Path, lines: usize) -> String {
 }
 
 /// Why the harness (or bubblewrap around it) stopped during start-up, from its log: the
-/// harness's own `lap-harness: fatal: …`, bubblewrap's `bwrap: …`, else the log's tail.
-fn harness_failure(path: &Path) -> String {
+/// harness's own `lap-harness: fatal: …`, bubblewrap's `bwrap: …`, else the log's last lines;
+/// `ended` is how the process ended (` (exit status: 3)`), when known.
+fn harness_failure(path: &Path, ended: &str) -> String {
     let text = std::fs::read_to_string(path).unwrap_or_default();
     if let Some(line) = text
         .lines()
@@ -204,7 +205,7 @@ fn harness_failure(path: &Path) -> String {
     if text.lines().any(|l| l.starts_with("bwrap:")) {
         return bwrap::failure_reason(&text);
     }
-    format!("the harness exited during start-up: {}", log_tail(path, 5))
+    format!("the harness exited during start-up{ended}; its log ends:\n{}", log_tail(path, 5))
 }
 
 /// `bwrap` on `PATH`.
@@ -411,9 +412,10 @@ impl LocalBackend {
             .ok_or_else(|| failed(format!("{what} has no pid")))?;
         let reaped = self.reaped.clone();
         tokio::spawn(async move {
-            let _ = child.wait().await;
-            if let Ok(mut e) = reaped.lock() {
-                e.insert(pid);
+            if let Ok(status) = child.wait().await {
+                if let Ok(mut e) = reaped.lock() {
+                    e.insert(pid, status);
+                }
             }
         });
         // A child that exited at once has no start time left to read: it is gone.
@@ -423,7 +425,15 @@ impl LocalBackend {
     }
 
     fn gone(&self, p: &ProcessId) -> bool {
-        self.reaped.lock().map(|e| e.contains(&p.pid)).unwrap_or(false) || p.state() == ProcState::Gone
+        self.reaped.lock().map(|e| e.contains_key(&p.pid)).unwrap_or(false) || p.state() == ProcState::Gone
+    }
+
+    /// How a child of this process ended, once reaped (` (exit status 3)`), for reasons.
+    fn how_it_ended(&self, p: &ProcessId) -> String {
+        match self.reaped.lock().ok().and_then(|e| e.get(&p.pid).copied()) {
+            Some(status) => format!(" ({status})"),
+            None => String::new(),
+        }
     }
 
     /// Poll `url` (through `client`) until it answers 2xx, `proc` exits, or the deadline
@@ -577,7 +587,7 @@ impl LocalBackend {
                 while !self.gone(&harness) && Instant::now() < deadline {
                     tokio::time::sleep(Duration::from_millis(20)).await;
                 }
-                let reason = harness_failure(&log);
+                let reason = harness_failure(&log, &self.how_it_ended(&harness));
                 tracing::warn!(session = %spec.session_id, error = %e, reason = %reason, "sandbox start failed");
                 Err(failed(reason))
             }
@@ -643,7 +653,8 @@ impl LocalBackend {
                 continue;
             };
             return Err(failed(format!(
-                "the vault sidecar did not become ready ({why}): {}",
+                "the vault sidecar did not become ready ({why}{}); its log ends:\n{}",
+                self.how_it_ended(&sidecar),
                 log_tail(&d.private.join("sidecar.log"), 5)
             )));
         };
@@ -726,7 +737,7 @@ impl LocalBackend {
                 handoff::go(&control).map_err(|e| {
                     failed(format!(
                         "the sandbox went away before the vault was ready ({e}): {}",
-                        harness_failure(&d.private.join("harness.log"))
+                        harness_failure(&d.private.join("harness.log"), &self.how_it_ended(&harness))
                     ))
                 })?;
                 spec.phase("starting-harness");
@@ -761,7 +772,12 @@ impl LocalBackend {
             .await
         {
             Ok(()) => {}
-            Err("exited") => return Err(failed(harness_failure(&d.private.join("harness.log")))),
+            Err("exited") => {
+                return Err(failed(harness_failure(
+                    &d.private.join("harness.log"),
+                    &self.how_it_ended(&harness),
+                )))
+            }
             Err(why) => {
                 return Err(failed(format!(
                     "the harness did not become healthy ({why}): {}",
@@ -792,9 +808,23 @@ impl LocalBackend {
         serde_json::from_value(handle.detail.clone()).ok()
     }
 
-    /// Remove a session's directories (only below this backend's roots).
+    /// Where a stopped session's logs are kept: `<data dir>/logs/<id>/`.
+    fn logs_dir(&self, session_id: &str) -> PathBuf {
+        self.config.root.with_file_name("logs").join(session_id)
+    }
+
+    /// Remove a session's directories (only below this backend's roots), keeping its two logs
+    /// in [`LocalBackend::logs_dir`] for the audit retention.
     fn remove_dirs(&self, private: &Path, sandbox: &Path) {
         if private.starts_with(&self.config.root) {
+            if let Some(id) = private.file_name().and_then(|n| n.to_str()) {
+                let keep = self.logs_dir(id);
+                if mkdir(&keep, 0o700).is_ok() {
+                    for log in ["sidecar.log", "harness.log"] {
+                        let _ = std::fs::rename(private.join(log), keep.join(log));
+                    }
+                }
+            }
             let _ = std::fs::remove_dir_all(private);
         }
         if sandbox.starts_with(&self.config.sandbox_root) {
@@ -945,11 +975,52 @@ impl SandboxBackend for LocalBackend {
         Ok(())
     }
 
+    async fn revoke_secret(&self, handle: &SandboxHandle, name: &str) -> Result<(), BackendError> {
+        let r = self
+            .http
+            .delete(format!("{}/secrets/{name}", handle.sidecar_admin_url))
+            .bearer_auth(&handle.sidecar_admin_token)
+            .send()
+            .await
+            .map_err(|e| failed(format!("the vault sidecar is unreachable: {e}")))?;
+        // 404: it does not hold it (any more).
+        if !r.status().is_success() && r.status() != reqwest::StatusCode::NOT_FOUND {
+            let status = r.status();
+            let text = r.text().await.unwrap_or_default();
+            return Err(failed(format!("the vault sidecar refused to revoke ({status}): {text}")));
+        }
+        Ok(())
+    }
+
+    async fn remove(&self, session_id: &str) {
+        let d = self.dirs(session_id);
+        process::stop_all(&read_pids(&d.private), STOP_GRACE).await;
+        self.harness_clients.forget(&d.socket());
+        self.remove_dirs(&d.private, &d.sandbox);
+    }
+
+    async fn prune_logs(&self, retention: Duration) {
+        let Ok(entries) = std::fs::read_dir(self.config.root.with_file_name("logs")) else {
+            return;
+        };
+        for e in entries.flatten() {
+            let old = e
+                .metadata()
+                .and_then(|m| m.modified())
+                .ok()
+                .and_then(|t| t.elapsed().ok())
+                .is_some_and(|age| age > retention);
+            if old {
+                let _ = std::fs::remove_dir_all(e.path());
+            }
+        }
+    }
+
     async fn remove_orphans(&self, keep: &HashSet<String>) -> usize {
         let Ok(entries) = std::fs::read_dir(&self.config.root) else {
             return 0;
         };
-        let mut removed = 0;
+        let mut orphans = Vec::new();
         for entry in entries.flatten() {
             let name = entry.file_name().to_string_lossy().into_owned();
             if keep.contains(&name) {
@@ -965,13 +1036,11 @@ impl SandboxBackend for LocalBackend {
             if fresh {
                 continue;
             }
-            let d = self.dirs(&name);
-            process::stop_all(&read_pids(&d.private), STOP_GRACE).await;
-            self.harness_clients.forget(&d.socket());
-            self.remove_dirs(&d.private, &d.sandbox);
-            removed += 1;
+            orphans.push(name);
         }
-        removed
+        // All at once: each may wait out its processes' grace.
+        futures_util::future::join_all(orphans.iter().map(|id| self.remove(id))).await;
+        orphans.len()
     }
 }
 
@@ -1093,9 +1162,14 @@ mod tests {
             "noise\nlap-harness: fatal: the `claude` CLI is not installed\nmore\n",
         )
         .unwrap();
-        assert_eq!(harness_failure(&p), "the `claude` CLI is not installed");
+        assert_eq!(harness_failure(&p, " (exit status: 3)"), "the `claude` CLI is not installed");
         std::fs::write(&p, "bwrap: No permissions to creating new namespace\n").unwrap();
-        assert!(harness_failure(&p).contains("user namespaces"));
+        assert!(harness_failure(&p, "").contains("user namespaces"));
+        std::fs::write(&p, "one\ntwo\npanicked at x\n").unwrap();
+        assert_eq!(
+            harness_failure(&p, " (exit status: 101)"),
+            "the harness exited during start-up (exit status: 101); its log ends:\none\ntwo\npanicked at x"
+        );
     }
 
     #[test]
