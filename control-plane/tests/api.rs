@@ -454,3 +454,60 @@ async fn postgres_all() {
     secrets_registry(&h).await;
     sessions(&h).await;
 }
+
+/// What the vault cannot send is refused at create, naming the key; an oversized body keeps its
+/// 413 and, like every error, is JSON.
+#[tokio::test]
+async fn bad_values_and_oversized_bodies_get_json_errors() {
+    let h = setup(None).await;
+    let r = &h.router;
+    let (s, agent) = call(r, "POST", &format!("{A}/agents"), Some(json!({"name": unique("v"), "harness_id": "claude-code"}))).await;
+    assert_eq!(s, StatusCode::CREATED, "{agent}");
+    let aid = agent["id"].as_str().unwrap();
+    for bad in ["sk-ant-api03-REAL\r\nX-Injected: 1", "sk-ant-api03-REAL\n", "sk-ant\0api03", "sk-ant-api03-ünicode"] {
+        let (s, v) = call(
+            r,
+            "POST",
+            &format!("{A}/agents/{aid}/session"),
+            Some(json!({"env_vars": {"ANTHROPIC_API_KEY": bad}})),
+        )
+        .await;
+        assert_eq!(s, StatusCode::BAD_REQUEST, "{bad:?}: {v}");
+        let msg = v["error"].as_str().unwrap_or_else(|| panic!("JSON error: {v}"));
+        assert!(msg.contains("ANTHROPIC_API_KEY") && msg.contains("printable ASCII"), "{msg}");
+    }
+    let (s, v) = call(
+        r,
+        "POST",
+        "/api/v1/secrets",
+        Some(json!({"name": "GITHUB_TOKEN", "value": "ghp_x\r\n", "hosts": ["github.com"]})),
+    )
+    .await;
+    assert_eq!(s, StatusCode::BAD_REQUEST, "{v}");
+    assert!(v["error"].as_str().unwrap().contains("printable ASCII"), "{v}");
+    let (s, v) = call(
+        r,
+        "PATCH",
+        &format!("{A}/agents/{aid}"),
+        Some(json!({"env_vars": {"ANTHROPIC_API_KEY": "a\tb"}})),
+    )
+    .await;
+    assert_eq!(s, StatusCode::BAD_REQUEST, "{v}");
+    // Nothing was half-applied: no session, the agent unchanged.
+    let (_, list) = call(r, "GET", &format!("{A}/sessions"), None).await;
+    assert_eq!(list["total"], 0, "{list}");
+
+    let huge = "x".repeat(10 * 1024 * 1024);
+    let (s, v) = call(
+        r,
+        "POST",
+        &format!("{A}/agents/{aid}/session"),
+        Some(json!({"env_vars": {"ANTHROPIC_API_KEY": huge}})),
+    )
+    .await;
+    assert_eq!(s, StatusCode::PAYLOAD_TOO_LARGE);
+    assert!(v["error"].is_string(), "a JSON error body: {v}");
+    let (s, v) = call(r, "GET", &format!("{A}/no-such-route"), None).await;
+    assert_eq!(s, StatusCode::NOT_FOUND);
+    assert!(v["error"].is_string(), "a JSON error body: {v}");
+}
