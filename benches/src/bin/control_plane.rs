@@ -4,10 +4,12 @@
 //!   together at one `lap-server` (local backend, bubblewrap), each timed until its session reads
 //!   `ready` (p50, p99, max). Every session must become ready; one that fails fails the bench.
 //! - **restart → first reconcile after kill -9**: with `--ready` sessions running and a 100 ms
-//!   reconcile interval, `lap-server` is killed (SIGKILL, mid-pass more often than not) and
+//!   reconcile interval, `lap-server` is killed (SIGKILL) and
 //!   started again at once on the same data; timed from the restart until `/metrics` counts its
-//!   first finished pass (`lap_reconcile_passes_total`), `--restarts` times (p50, max). Most of it
-//!   is the dead replica's reconciler lease running out (at most 3 s).
+//!   first finished pass (`lap_reconcile_passes_total`), `--restarts` times each: killed between
+//!   passes, and killed mid-pass (one harness SIGSTOPped makes each pass wait out its 2 s probe;
+//!   resumed right after the kill), where the dead replica's reconciler lease (3 s, renewed
+//!   every 1 s) has to run out first.
 //!
 //! Run it with `bash benches/control-plane.sh` (builds release, runs this).
 
@@ -43,6 +45,32 @@ async fn agent(server: &LapServer) -> Result<String> {
         .call(Method::POST, "/agents", Some(json!({"name": "bench", "harness_id": "claude-code"})))
         .await?;
     Ok(a["id"].as_str().context("agent id")?.to_owned())
+}
+
+/// The `lap-harness` of a local session: the child of its sandbox's init (`pids.json`'s second
+/// entry).
+fn harness_pid(data: &std::path::Path, sid: &str) -> Result<i32> {
+    let procs: Vec<serde_json::Value> =
+        serde_json::from_slice(&std::fs::read(data.join("sandboxes").join(sid).join("pids.json"))?)?;
+    let init = procs.get(1).and_then(|p| p["pid"].as_i64()).context("the sandbox's init in pids.json")?;
+    for e in std::fs::read_dir("/proc")?.flatten() {
+        let Ok(pid) = e.file_name().to_string_lossy().parse::<i32>() else { continue };
+        let stat = std::fs::read_to_string(e.path().join("stat")).unwrap_or_default();
+        let ppid = stat
+            .rfind(')')
+            .and_then(|i| stat[i + 1..].split_whitespace().nth(1))
+            .and_then(|p| p.parse::<i64>().ok());
+        if ppid == Some(init) {
+            return Ok(pid);
+        }
+    }
+    anyhow::bail!("no process under the sandbox's init {init}")
+}
+
+fn signal(pid: i32, sig: &str) -> Result<()> {
+    let ok = std::process::Command::new("kill").arg(format!("-{sig}")).arg(pid.to_string()).status()?.success();
+    ensure!(ok, "kill -{sig} {pid}");
+    Ok(())
 }
 
 /// Create one session and wait for it: (id, milliseconds to `ready`).
@@ -109,11 +137,22 @@ async fn main() -> Result<()> {
     for _ in 0..args.ready {
         ids.push(create_until_ready(&server, &aid).await?.0);
     }
-    let mut first_pass_ms = Vec::new();
-    for round in 0..args.restarts {
-        // Somewhere in the 100 ms cycle of passes.
-        tokio::time::sleep(Duration::from_millis(500 + 37 * round as u64)).await;
+    // Between passes: passes over healthy sessions take milliseconds, so a kill at a random
+    // moment mostly lands between them. Mid-pass: one harness SIGSTOPped makes every pass wait
+    // out its 2 s probe, so the kill lands inside one and the dead replica's lease is held.
+    let stalled = harness_pid(&data, &ids[0])?;
+    let mut between_ms = Vec::new();
+    let mut mid_ms = Vec::new();
+    for round in 0..args.restarts * 2 {
+        let mid = round % 2 == 1;
+        if mid {
+            signal(stalled, "STOP")?;
+        }
+        tokio::time::sleep(Duration::from_millis(700 + 37 * round as u64)).await;
         server.kill().await?;
+        if mid {
+            signal(stalled, "CONT")?;
+        }
         let t = Instant::now();
         server = LapServer::start(&bins, &data, port, &env("100ms")).await?;
         loop {
@@ -123,14 +162,19 @@ async fn main() -> Result<()> {
             ensure!(t.elapsed() < Duration::from_secs(60), "no reconcile pass within 60 s of a restart");
             tokio::time::sleep(Duration::from_millis(5)).await;
         }
-        first_pass_ms.push(t.elapsed().as_secs_f64() * 1000.0);
+        let ms = t.elapsed().as_secs_f64() * 1000.0;
+        if mid { mid_ms.push(ms) } else { between_ms.push(ms) }
     }
-    for sid in &ids {
+    // Two failed probes end the stalled session; the others survived every restart.
+    for sid in &ids[1..] {
         let v = server.call(Method::GET, &format!("/sessions/{sid}"), None).await?;
         ensure!(v["status"] == "ready", "a session did not survive the restarts: {v}");
+    }
+    for sid in &ids {
         server.call(Method::DELETE, &format!("/sessions/{sid}"), None).await?;
     }
-    first_pass_ms.sort_by(f64::total_cmp);
+    between_ms.sort_by(f64::total_cmp);
+    mid_ms.sort_by(f64::total_cmp);
 
     println!("| measure | p50 | p99 | max |");
     println!("|---|---|---|---|");
@@ -141,12 +185,14 @@ async fn main() -> Result<()> {
         percentile(&ready_ms, 0.99),
         percentile(&ready_ms, 1.0)
     );
-    println!(
-        "| restart → first finished reconcile pass after kill -9, {} rounds (ms) | {:.0} | — | {:.0} |",
-        args.restarts,
-        percentile(&first_pass_ms, 0.5),
-        percentile(&first_pass_ms, 1.0)
-    );
+    for (what, v) in [("between passes", &between_ms), ("mid-pass", &mid_ms)] {
+        println!(
+            "| restart → first finished reconcile pass, kill -9 {what}, {} rounds (ms) | {:.0} | — | {:.0} |",
+            args.restarts,
+            percentile(v, 0.5),
+            percentile(v, 1.0)
+        );
+    }
     println!(
         "\ncommand: bash benches/control-plane.sh --sessions {} --ready {} --restarts {}",
         args.sessions, args.ready, args.restarts
