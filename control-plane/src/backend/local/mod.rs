@@ -1015,6 +1015,7 @@ mod tests {
                 ..SecretSpec::default()
             }],
             harness_token: "tok".into(),
+            placement: Default::default(),
             phases: None,
         }
     }
