@@ -1,7 +1,8 @@
 //! Create → ready on the Kubernetes backend, cold (a Sandbox per session) against warm (a
 //! SandboxClaim on a SandboxWarmPool), over the fake API server and its port of the agent-sandbox
 //! controllers (`tests/support/fake_kube.rs`, an instant kubelet), and the API calls each session
-//! costs the control plane. Not a test: it prints figures (deploy/README.md, "Measured").
+//! costs the control plane, and when each bring-up phase was reported (where the time goes). Not
+//! a test: it prints figures (deploy/README.md, "Measured").
 //!
 //!     cargo bench -p lap-control-plane --bench kubernetes_bringup
 //!
@@ -127,12 +128,27 @@ async fn run(warm: bool) {
         }
     }
     let mut times = Vec::new();
+    // When each bring-up phase was reported, from the start of the create (where the time goes).
+    let mut phase_times: BTreeMap<&'static str, Vec<Duration>> = BTreeMap::new();
     let mut calls: BTreeMap<String, usize> = BTreeMap::new();
     for i in 0..SESSIONS {
         fake.clear_requests();
         let t = Instant::now();
-        let h = backend.create(spec(i)).await.unwrap();
+        let (tx, mut rx) = tokio::sync::mpsc::unbounded_channel();
+        let stamps = tokio::spawn(async move {
+            let mut seen = Vec::new();
+            while let Some(p) = rx.recv().await {
+                seen.push((p, t.elapsed()));
+            }
+            seen
+        });
+        let mut sp = spec(i);
+        sp.phases = Some(tx);
+        let h = backend.create(sp).await.unwrap();
         times.push(t.elapsed());
+        for (p, at) in stamps.await.unwrap() {
+            phase_times.entry(p).or_default().push(at);
+        }
         for line in fake.requests() {
             let (method, rest) = line.split_once(' ').unwrap();
             let path = rest.split('?').next().unwrap();
@@ -161,6 +177,16 @@ async fn run(warm: bool) {
     for (k, n) in calls {
         println!("        {k:<28} {:.1}", n as f64 / SESSIONS as f64);
     }
+    let mut phases: Vec<(Duration, &str)> = phase_times
+        .into_iter()
+        .map(|(p, mut v)| {
+            v.sort();
+            (percentile(&v, 0.5), p)
+        })
+        .collect();
+    phases.sort();
+    let line: Vec<String> = phases.iter().map(|(d, p)| format!("{p} {d:.1?}")).collect();
+    println!("        phase reported at (median): {}", line.join(", "));
 }
 
 fn main() {
