@@ -1,8 +1,10 @@
 #!/usr/bin/env bash
-# A local LAP on kind: cluster, agent-sandbox (its release manifest), the kind overlay.
+# A local LAP on kind: cluster, agent-sandbox with its extensions (the release's
+# sandbox-with-extensions.yaml), the kind overlay. Prerequisites and the live-cluster tests:
+# deploy/README.md.
 #
-#   deploy/kind-up.sh                       # cluster `lap`, agent-sandbox latest release
-#   AGENT_SANDBOX_VERSION=v0.1.1 deploy/kind-up.sh
+#   deploy/kind-up.sh                       # cluster `lap`, agent-sandbox v0.5.6 (the CRDs LAP is tested against)
+#   AGENT_SANDBOX_VERSION=v0.5.5 deploy/kind-up.sh
 #
 # Images: lap/lap-server:dev, lap/vault-sidecar:dev and lap/harness-<harness_id>:dev are loaded
 # into the cluster when they exist locally (docker); build them first with deploy/build-images.sh. Secrets (master key,
@@ -11,12 +13,10 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 
 CLUSTER="${KIND_CLUSTER:-lap}"
-VERSION="${AGENT_SANDBOX_VERSION:-latest}"
-if [ "$VERSION" = latest ]; then
-  MANIFEST="https://github.com/kubernetes-sigs/agent-sandbox/releases/latest/download/manifest.yaml"
-else
-  MANIFEST="https://github.com/kubernetes-sigs/agent-sandbox/releases/download/${VERSION}/manifest.yaml"
-fi
+VERSION="${AGENT_SANDBOX_VERSION:-v0.5.6}"
+# Core and extensions (SandboxTemplate, SandboxWarmPool, SandboxClaim) in one asset, the
+# controller declared once with extensions enabled.
+MANIFEST="https://github.com/kubernetes-sigs/agent-sandbox/releases/download/${VERSION}/sandbox-with-extensions.yaml"
 
 for tool in kind kubectl docker openssl; do
   command -v "$tool" >/dev/null || { echo "kind-up: \`$tool\` is required" >&2; exit 1; }
@@ -30,7 +30,9 @@ kubectl config use-context "kind-$CLUSTER" >/dev/null
 
 echo "== agent-sandbox ($VERSION)"
 kubectl apply --server-side -f "$MANIFEST"
-kubectl wait --for=condition=Established --timeout=120s crd/sandboxes.agents.x-k8s.io
+kubectl wait --for=condition=Established --timeout=120s crd/sandboxes.agents.x-k8s.io \
+  crd/sandboxtemplates.extensions.agents.x-k8s.io crd/sandboxwarmpools.extensions.agents.x-k8s.io \
+  crd/sandboxclaims.extensions.agents.x-k8s.io
 kubectl -n agent-sandbox-system rollout status deploy --timeout=180s || true
 
 echo "== images"

@@ -108,6 +108,12 @@ fn validate_agent_spec(spec: &AgentSpec, env_vars: &BTreeMap<String, String>) ->
         }
     }
     env_vars::validate(env_vars, &BTreeMap::new(), &spec.env_var_hosts)?;
+    if let Some(r) = &spec.resources {
+        crate::backend::sandbox::resources::check(r).map_err(|e| bad(format!("resources.{e}")))?;
+    }
+    if let Some(rc) = &spec.runtime_class {
+        crate::backend::sandbox::resources::check_runtime_class(rc).map_err(|e| bad(format!("runtime_class: {e}")))?;
+    }
     Ok(())
 }
 
@@ -286,6 +292,12 @@ impl App {
         if let Some(v) = p.secrets {
             self.check_registry_names(&v).await?;
             a.spec.secrets = v;
+        }
+        if let Some(v) = p.resources {
+            a.spec.resources = v;
+        }
+        if let Some(v) = p.runtime_class {
+            a.spec.runtime_class = v;
         }
         if let Some(new) = p.env_vars {
             let old = std::mem::take(&mut a.env_vars);
@@ -603,6 +615,10 @@ impl App {
             deny_out: agent.spec.deny_out.clone(),
             secrets: secrets.into_values().collect(),
             harness_token: random_hex(24),
+            placement: crate::backend::Placement {
+                resources: agent.spec.resources.clone(),
+                runtime_class: agent.spec.runtime_class.clone(),
+            },
             phases: Some(phase_tx),
         };
         let cancel = Arc::new(tokio::sync::Notify::new());

@@ -49,6 +49,7 @@ pub fn decide(
         Status::Ready => match liveness {
             None => Action::Vanished("the sandbox stopped unexpectedly: the session has no sandbox record".into()),
             Some(Liveness::Gone(cause)) => Action::Vanished(format!("the sandbox stopped unexpectedly: {cause}")),
+            Some(Liveness::Ended(reason)) => Action::Vanished(reason),
             Some(Liveness::Unhealthy(cause)) if unhealthy >= UNHEALTHY_THRESHOLD => Action::Vanished(cause),
             Some(Liveness::Unhealthy(_)) => Action::Nothing,
             Some(Liveness::Running) if now_ms - s.last_seen_at > s.idle_timeout_ms => Action::IdleStop,
@@ -108,6 +109,18 @@ mod tests {
         );
         assert!(
             matches!(decide(&s, 2_000, 5_000, false, None, 0), Action::Vanished(r) if r.contains("stopped unexpectedly"))
+        );
+        // An end by design (a Kubernetes Sandbox's shutdownTime) keeps its own reason.
+        assert_eq!(
+            decide(
+                &s,
+                2_000,
+                5_000,
+                false,
+                Some(Liveness::Ended("the sandbox expired".into())),
+                0
+            ),
+            Action::Vanished("the sandbox expired".into())
         );
         assert_eq!(
             decide(&s, 11_001, 5_000, false, Some(Liveness::Running), 0),

@@ -31,6 +31,25 @@ pub struct AgentSpec {
     pub env_var_hosts: BTreeMap<String, Vec<String>>,
     #[serde(default)]
     pub secrets: Vec<String>,
+    /// Kubernetes: requests and limits of the harness container (defaults from
+    /// `LAP_K8S_HARNESS_REQUESTS` / `LAP_K8S_HARNESS_LIMITS`); ignored by the local backend.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub resources: Option<Resources>,
+    /// Kubernetes: the pods' `runtimeClassName` (gvisor, kata), instead of
+    /// `LAP_K8S_RUNTIME_CLASS`; ignored by the local backend.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub runtime_class: Option<String>,
+}
+
+/// An agent's `resources`: Kubernetes quantities by resource name (`cpu`, `memory`,
+/// `ephemeral-storage`), e.g. `{"requests": {"cpu": "1", "memory": "2Gi"}, "limits": {"memory": "4Gi"}}`.
+#[derive(Debug, Clone, Default, Serialize, Deserialize, PartialEq)]
+#[serde(deny_unknown_fields)]
+pub struct Resources {
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub requests: BTreeMap<String, String>,
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub limits: BTreeMap<String, String>,
 }
 
 /// `POST /agents` body.
@@ -59,6 +78,8 @@ pub struct PatchAgent {
     pub env_vars: Option<BTreeMap<String, String>>,
     pub env_var_hosts: Option<BTreeMap<String, Vec<String>>>,
     pub secrets: Option<Vec<String>>,
+    pub resources: Option<Option<Resources>>,
+    pub runtime_class: Option<Option<String>>,
 }
 
 /// An agent in a response: `env_vars` values are `"<redacted>"`.

@@ -111,6 +111,9 @@ pub fn pod_settings(k8s: &KubernetesSettings, base_config: Option<&Path>) -> Res
         harness_port: k8s.harness_port,
         base,
         upstream_cas,
+        harness_resources: k8s.harness_resources().map_err(|e| StartError::Config(e.to_string()))?,
+        vault_admin_port: crate::backend::sandbox::VAULT_ADMIN_PORT,
+        warm_pools: k8s.warm_pool_sizes().map_err(|e| StartError::Config(e.to_string()))?,
     })
 }
 
@@ -197,7 +200,11 @@ pub async fn build(settings: &Settings) -> Result<Server, StartError> {
                     "LAP_BACKEND=kubernetes: no cluster found (in-cluster service account or KUBECONFIG): {e}"
                 ))
             })?;
-            Arc::new(KubernetesBackend::new(client, pod)?)
+            let backend = KubernetesBackend::new(client, pod)?;
+            for problem in backend.ensure_pools().await {
+                tracing::warn!("{problem}");
+            }
+            Arc::new(backend)
         }
     };
     let url = settings

@@ -146,6 +146,27 @@ pub struct KubernetesSettings {
     /// The port the harness serves on inside the pod.
     #[arg(long = "k8s-harness-port", env = "LAP_K8S_HARNESS_PORT", default_value = "8080")]
     pub harness_port: u16,
+    /// Default requests of the harness container (`cpu=500m,memory=1Gi`); an agent's
+    /// `resources.requests` override them per resource.
+    #[arg(
+        long = "k8s-harness-requests",
+        env = "LAP_K8S_HARNESS_REQUESTS",
+        default_value = "cpu=500m,memory=1Gi"
+    )]
+    pub harness_requests: String,
+    /// Default limits of the harness container (`memory=4Gi`; no CPU limit by default, so
+    /// agents are not throttled); an agent's `resources.limits` override them per resource.
+    #[arg(
+        long = "k8s-harness-limits",
+        env = "LAP_K8S_HARNESS_LIMITS",
+        default_value = "memory=4Gi"
+    )]
+    pub harness_limits: String,
+    /// Warm pools: `harness_id=size,…` (`claude-code=3,codex=1`). Each gets a SandboxTemplate and
+    /// a SandboxWarmPool; its sessions take a pod with a SandboxClaim. Empty: every session is
+    /// a cold start.
+    #[arg(long = "k8s-warm-pools", env = "LAP_K8S_WARM_POOLS", default_value = "")]
+    pub warm_pools: String,
 }
 
 /// Why a Kubernetes setting was rejected; the message names the key.
@@ -207,6 +228,8 @@ impl KubernetesSettings {
                 ));
             }
         }
+        self.harness_resources()?;
+        self.warm_pool_sizes()?;
         if self.max_lifetime < Duration::from_secs(60) {
             return Err(setting_error("LAP_K8S_MAX_LIFETIME", "must be at least 1m"));
         }
@@ -217,6 +240,46 @@ impl KubernetesSettings {
             ));
         }
         Ok(())
+    }
+
+    /// `LAP_K8S_HARNESS_REQUESTS` and `LAP_K8S_HARNESS_LIMITS` parsed.
+    pub fn harness_resources(&self) -> Result<crate::model::Resources, SettingError> {
+        use crate::backend::sandbox::resources;
+        let requests =
+            resources::parse_list(&self.harness_requests).map_err(|e| setting_error("LAP_K8S_HARNESS_REQUESTS", e))?;
+        let limits =
+            resources::parse_list(&self.harness_limits).map_err(|e| setting_error("LAP_K8S_HARNESS_LIMITS", e))?;
+        let r = crate::model::Resources { requests, limits };
+        resources::check(&r).map_err(|e| setting_error("LAP_K8S_HARNESS_REQUESTS", e))?;
+        Ok(r)
+    }
+
+    /// `LAP_K8S_WARM_POOLS` parsed: harness id → pool size.
+    pub fn warm_pool_sizes(&self) -> Result<std::collections::BTreeMap<String, i32>, SettingError> {
+        let mut map = std::collections::BTreeMap::new();
+        for item in self.warm_pools.split(',').map(str::trim).filter(|s| !s.is_empty()) {
+            let (id, n) = item
+                .split_once('=')
+                .ok_or_else(|| setting_error("LAP_K8S_WARM_POOLS", format!("`{item}` is not harness_id=size")))?;
+            let id = id.trim();
+            if !crate::model::HARNESS_IDS.contains(&id) {
+                return Err(setting_error(
+                    "LAP_K8S_WARM_POOLS",
+                    format!(
+                        "`{id}` is not a harness id (one of {})",
+                        crate::model::HARNESS_IDS.join(", ")
+                    ),
+                ));
+            }
+            let n: i32 = n
+                .trim()
+                .parse()
+                .ok()
+                .filter(|n| (0..=1000).contains(n))
+                .ok_or_else(|| setting_error("LAP_K8S_WARM_POOLS", format!("`{item}`: the size is 0 to 1000")))?;
+            map.insert(id.to_owned(), n);
+        }
+        Ok(map)
     }
 
     /// `LAP_K8S_HARNESS_IMAGES` parsed: harness id → image.
@@ -301,6 +364,16 @@ mod tests {
         assert_eq!(s.k8s.max_lifetime, Duration::from_secs(7 * 86400));
         assert_eq!(s.k8s.harness_port, 8080);
         assert_eq!(s.k8s.runtime_class, None);
+        let r = s.k8s.harness_resources().unwrap();
+        assert_eq!(
+            (r.requests["cpu"].as_str(), r.requests["memory"].as_str()),
+            ("500m", "1Gi")
+        );
+        assert_eq!(r.limits["memory"], "4Gi");
+        assert!(
+            s.k8s.warm_pool_sizes().unwrap().is_empty(),
+            "cold starts unless pools are set"
+        );
         s.k8s.validate().unwrap();
     }
 
@@ -318,6 +391,8 @@ mod tests {
             "false",
             "--k8s-harness-images",
             "codex=reg/codex:1, opencode=reg/oc:2",
+            "--k8s-warm-pools",
+            "claude-code=3, codex=0",
         ])
         .unwrap();
         assert_eq!(s.backend, BackendKind::Kubernetes);
@@ -327,6 +402,8 @@ mod tests {
         let o = s.k8s.harness_image_overrides().unwrap();
         assert_eq!(o["codex"], "reg/codex:1");
         assert_eq!(o["opencode"], "reg/oc:2");
+        let pools = s.k8s.warm_pool_sizes().unwrap();
+        assert_eq!((pools["claude-code"], pools["codex"]), (3, 0));
         assert!(Settings::try_parse_from(["lap-server", "--k8s-sandbox-api-version", "v2"]).is_err());
     }
 
@@ -346,6 +423,20 @@ mod tests {
         assert_eq!(bad(&["--k8s-max-lifetime", "10s"]), "LAP_K8S_MAX_LIFETIME");
         assert_eq!(bad(&["--k8s-harness-port", "14322"]), "LAP_K8S_HARNESS_PORT");
         assert_eq!(bad(&["--k8s-netfilter-image", " "]), "LAP_K8S_NETFILTER_IMAGE");
+        assert_eq!(bad(&["--k8s-harness-requests", "cpu=lots"]), "LAP_K8S_HARNESS_REQUESTS");
+        assert_eq!(bad(&["--k8s-harness-limits", "gpu=1"]), "LAP_K8S_HARNESS_LIMITS");
+        assert_eq!(
+            bad(&[
+                "--k8s-harness-requests",
+                "memory=8Gi",
+                "--k8s-harness-limits",
+                "memory=4Gi"
+            ]),
+            "LAP_K8S_HARNESS_REQUESTS"
+        );
+        assert_eq!(bad(&["--k8s-warm-pools", "nope=1"]), "LAP_K8S_WARM_POOLS");
+        assert_eq!(bad(&["--k8s-warm-pools", "codex=-1"]), "LAP_K8S_WARM_POOLS");
+        assert_eq!(bad(&["--k8s-warm-pools", "codex"]), "LAP_K8S_WARM_POOLS");
     }
 
     #[test]

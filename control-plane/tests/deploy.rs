@@ -1,10 +1,13 @@
 //! `deploy/` renders with `kubectl kustomize` (Debian's kubernetes-client in CI) and every
-//! rendered object of a built-in kind validates against its schema: it deserializes into its
-//! k8s-openapi type (required fields, types) and serializes back with nothing lost (no unknown
-//! or misspelt field). Then the properties the deployment promises: least-privilege RBAC, the
+//! rendered object validates against the Kubernetes 1.33 JSON schemas (`support/schema.rs`,
+//! unknown fields refused), and deserializes into its k8s-openapi type and serializes back with
+//! nothing lost. Then the properties the deployment promises: least-privilege RBAC, the
 //! sandbox egress policy, a non-root control plane.
 
 #![allow(clippy::unwrap_used)]
+
+#[path = "support/schema.rs"]
+mod schema;
 
 use std::path::{Path, PathBuf};
 
@@ -74,6 +77,7 @@ fn assert_subset(original: &Value, round: &Value, path: &str) {
 }
 
 fn check<T: DeserializeOwned + Serialize>(doc: &Value, what: &str) -> T {
+    schema::assert_valid(doc);
     let typed: T = serde_json::from_value(doc.clone()).unwrap_or_else(|e| panic!("{what}: {e}"));
     let round = serde_json::to_value(&typed).unwrap();
     assert_subset(doc, &round, what);
@@ -132,7 +136,21 @@ fn properties(r: &Rendered) {
         .concat();
         assert!(!all.iter().any(|x| x == "*"), "wildcard in {rule:?}");
         for res in rule.resources.as_deref().unwrap_or_default() {
-            assert!(["sandboxes", "secrets", "events"].contains(&res.as_str()), "{res}");
+            assert!(
+                [
+                    "sandboxes",
+                    "secrets",
+                    "events",
+                    "sandboxclaims",
+                    "sandboxtemplates",
+                    "sandboxwarmpools"
+                ]
+                .contains(&res.as_str()),
+                "{res}"
+            );
+            // `sandboxes/finalizers` would be what `blockOwnerDeletion: true` needs; LAP's owner
+            // references do not block, so it is not granted.
+            assert!(!res.contains('/'), "no subresources: {res}");
         }
     }
     let binding = &r.bindings[0];
@@ -262,6 +280,16 @@ fn validator_rejects_bad_objects() {
     });
     let r = std::panic::catch_unwind(|| check::<Service>(&doc, "Service x"));
     assert!(r.is_err(), "a missing required field (port) passed");
+    // The JSON-schema half alone, too.
+    let doc = serde_json::json!({
+        "apiVersion": "rbac.authorization.k8s.io/v1", "kind": "Role",
+        "metadata": {"name": "x", "namespace": "n"},
+        "rules": [{"apiGroups": [""], "resources": ["pods"], "verb": ["get"]}]
+    });
+    assert!(
+        !schema::problems(&doc).is_empty(),
+        "a misspelt field (verb) passed the schema"
+    );
 }
 
 /// Instructions of a Dockerfile as (KEYWORD, arguments), continuations joined, comments dropped.

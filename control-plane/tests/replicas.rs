@@ -45,6 +45,9 @@ fn settings(harness_port: u16) -> PodSettings {
         harness_port,
         base: Default::default(),
         upstream_cas: vec![],
+        harness_resources: Default::default(),
+        vault_admin_port: lap_control_plane::backend::sandbox::VAULT_ADMIN_PORT,
+        warm_pools: BTreeMap::new(),
     }
 }
 
@@ -121,7 +124,8 @@ async fn two_replicas(url: String, tag: &str) {
     assert_eq!(b.get_session(&s.id).await.unwrap().status, Status::Creating);
     assert!(fake.get("sandboxes", NS, &name).is_some(), "B swept A's Sandbox");
 
-    fake.set_sandbox_status(NS, &name, "True", "DependenciesReady", "127.0.0.1");
+    let pod = fake.wait_pod(NS, &name).await;
+    fake.pod_running(NS, &pod, "127.0.0.1", true);
     wait_status(&a, &s.id, Status::Ready).await;
     assert!(b.reconcile_once().await.unwrap());
     assert_eq!(b.get_session(&s.id).await.unwrap().status, Status::Ready);
@@ -136,8 +140,8 @@ async fn two_replicas(url: String, tag: &str) {
     // The Sandbox vanishes: B's pass marks the session dead.
     let s2 = a.create_session(&ag.id, session_req()).await.unwrap();
     let name2 = lap_control_plane::backend::sandbox::sandbox_name(&s2.id);
-    fake.wait_object("sandboxes", NS, &name2).await;
-    fake.set_sandbox_status(NS, &name2, "True", "DependenciesReady", "127.0.0.1");
+    let pod2 = fake.wait_pod(NS, &name2).await;
+    fake.pod_running(NS, &pod2, "127.0.0.1", true);
     wait_status(&a, &s2.id, Status::Ready).await;
 
     fake.remove("sandboxes", NS, &name2);
@@ -146,6 +150,34 @@ async fn two_replicas(url: String, tag: &str) {
     assert_eq!(gone.status, Status::Dead);
     assert!(gone.failure_reason.unwrap().contains("stopped unexpectedly"));
     assert!(fake.get("secrets", NS, &format!("{name2}-vault")).is_none());
+
+    // A Sandbox past its shutdownTime: the controller marks it SandboxExpired; the session ends
+    // `dead` saying so (an end by design, not "stopped unexpectedly").
+    let s3 = a.create_session(&ag.id, session_req()).await.unwrap();
+    let name3 = lap_control_plane::backend::sandbox::sandbox_name(&s3.id);
+    let pod3 = fake.wait_pod(NS, &name3).await;
+    fake.pod_running(NS, &pod3, "127.0.0.1", true);
+    wait_status(&a, &s3.id, Status::Ready).await;
+    let mut sb3 = fake.get("sandboxes", NS, &name3).unwrap();
+    sb3["spec"]["shutdownTime"] = json!("2020-01-01T00:00:00Z");
+    fake.put("sandboxes", NS, sb3);
+    let deadline = Instant::now() + Duration::from_secs(20);
+    while fake.pod_of(NS, &name3).is_some() {
+        assert!(Instant::now() < deadline, "the controller did not expire the Sandbox");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    assert!(b.reconcile_once().await.unwrap());
+    let ended = b.get_session(&s3.id).await.unwrap();
+    assert_eq!(ended.status, Status::Dead);
+    let why = ended.failure_reason.unwrap();
+    assert!(
+        why.contains("maximum lifetime") && !why.contains("unexpectedly"),
+        "{why}"
+    );
+    assert!(
+        fake.get("sandboxes", NS, &name3).is_none(),
+        "the control plane deleted the expired Sandbox"
+    );
 
     // DELETE through the app removes the Sandbox.
     b.stop_session(&s.id).await.unwrap();
@@ -169,6 +201,43 @@ async fn replicas_share_sessions_safely_postgres() {
     );
     let tag = format!("pg-{}", std::process::id());
     two_replicas(url, &tag).await;
+}
+
+/// Field case N15 (1): a control plane that dies (nothing of it left but the database) and a new
+/// one started with the idle threshold: the new one reaps both idle sessions from the persisted
+/// `last_seen_at`, with no timer of the old one, and deletes their Sandboxes. (Time is moved by
+/// ageing `last_seen_at` in the database, not by waiting.)
+#[tokio::test(flavor = "multi_thread")]
+async fn a_restarted_control_plane_reaps_idle_sessions_from_the_store() {
+    let dir = tempfile::tempdir().unwrap();
+    let url = format!("sqlite://{}?mode=rwc", dir.path().join("r.db").display());
+    let fake = FakeKube::start().await;
+    fake.kubelet_auto("127.0.0.1");
+    let port = harness_health().await;
+    let old = app_over(&fake, &url, port).await;
+    let ag = old.create_agent(agent("coder-restart")).await.unwrap();
+    let mut ids = Vec::new();
+    for _ in 0..2 {
+        let s = old.create_session(&ag.id, session_req()).await.unwrap();
+        wait_status(&old, &s.id, Status::Ready).await;
+        ids.push(s.id);
+    }
+    // The old process is gone: its App (and its in-memory state) is dropped; a new one starts.
+    drop(old);
+    let pool = sqlx::sqlite::SqlitePoolOptions::new().connect(&url).await.unwrap();
+    sqlx::query("UPDATE sessions SET last_seen_at = last_seen_at - 7200000")
+        .execute(&pool)
+        .await
+        .unwrap();
+    let new = app_over(&fake, &url, port).await;
+    assert!(new.reconcile_once().await.unwrap());
+    for id in &ids {
+        let s = new.get_session(id).await.unwrap();
+        assert_eq!(s.status, Status::Dead, "{id}: {:?}", s.failure_reason);
+        let name = lap_control_plane::backend::sandbox::sandbox_name(id);
+        assert!(fake.get("sandboxes", NS, &name).is_none(), "{name} left running");
+        assert!(fake.get("secrets", NS, &format!("{name}-vault")).is_none());
+    }
 }
 
 /// Leases are compare-and-set: one holder at a time, renewable by it, free after expiry.

@@ -30,6 +30,8 @@ pub struct SandboxSpec {
     pub secrets: Vec<SecretSpec>,
     /// The per-session token the harness requires as Bearer.
     pub harness_token: String,
+    /// Kubernetes: the agent's resources and runtime class (the local backend ignores it).
+    pub placement: Placement,
     /// Bring-up progress (`starting-vault`, `starting-harness`, then the harness's own
     /// [`HARNESS_PHASES`]), shown as the session's phase.
     pub phases: Option<tokio::sync::mpsc::UnboundedSender<&'static str>>,
@@ -47,6 +49,14 @@ impl SandboxSpec {
     pub fn stub_env(&self) -> BTreeMap<String, String> {
         self.secrets.iter().map(|s| (s.name.clone(), s.stub.clone())).collect()
     }
+}
+
+/// Where and with what a session's pod runs: the agent's own `resources` and `runtime_class`
+/// (`None`: the backend's defaults).
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct Placement {
+    pub resources: Option<crate::model::Resources>,
+    pub runtime_class: Option<String>,
 }
 
 /// The bring-up phases a harness reports on `/healthz` (`{"phase": …}`), in order.
@@ -81,6 +91,9 @@ pub enum Liveness {
     Running,
     /// It is gone (a process exited, the pod was deleted); the reason, for `failure_reason`.
     Gone(String),
+    /// It ended as designed (the Kubernetes Sandbox reached its `shutdownTime`); the reason,
+    /// for `failure_reason`. The session ends `dead` with it, not "stopped unexpectedly".
+    Ended(String),
     /// It exists but a health probe failed (a stopped or wedged process); the reason. The
     /// reconciler ends the session after [`crate::lifecycle::UNHEALTHY_THRESHOLD`] in a row.
     Unhealthy(String),

@@ -20,7 +20,7 @@ use std::collections::BTreeMap;
 use std::time::Duration;
 
 use k8s_openapi::api::core::v1::{
-    Capabilities, Container, ContainerPort, EmptyDirVolumeSource, EnvVar, EnvVarSource, Event, HTTPGetAction,
+    Capabilities, Container, ContainerPort, EmptyDirVolumeSource, EnvVar, EnvVarSource, HTTPGetAction,
     PodSecurityContext, PodSpec, Probe, SeccompProfile, Secret, SecretKeySelector, SecretVolumeSource, SecurityContext,
     Volume, VolumeMount,
 };
@@ -33,6 +33,11 @@ use lap_vault_sidecar::config::{EgressConfig, SecretsFile, SidecarConfig};
 use serde::{Deserialize, Serialize};
 
 use super::SandboxSpec;
+
+pub mod conditions;
+pub mod pool;
+pub mod resources;
+pub use conditions::{failure_from_event, readiness, Readiness, SandboxCondition, SandboxStatus};
 
 /// The agent-sandbox API group.
 pub const GROUP: &str = "agents.x-k8s.io";
@@ -71,8 +76,9 @@ pub enum SandboxApiVersion {
     /// `agents.x-k8s.io/v1beta1` (SPEC §3.4); writes `spec.service: true`.
     #[value(name = "v1beta1")]
     V1beta1,
-    /// `agents.x-k8s.io/v1alpha1`, for older agent-sandbox controllers (which always create
-    /// the Service and have no `service` field).
+    /// `agents.x-k8s.io/v1alpha1`, for controllers that serve only it. It has `service` too,
+    /// and controllers since v0.4.6 create the Service only when it is `true`, so it is written
+    /// the same way.
     #[value(name = "v1alpha1")]
     V1alpha1,
 }
@@ -102,13 +108,16 @@ impl SandboxApiVersion {
 #[serde(rename_all = "camelCase")]
 pub struct SandboxResourceSpec {
     pub pod_template: PodTemplate,
-    /// Ask the controller for a headless Service (`status.serviceFQDN`); v1beta1 only.
+    /// Ask the controller for a headless Service (`status.serviceFQDN`). Always `true`: since
+    /// agent-sandbox v0.4.6 an unset `service` creates none (both API versions have the field).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub service: Option<bool>,
     /// When the controller deletes the pod even if LAP forgot it.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub shutdown_time: Option<Time>,
-    /// `Delete`: the Sandbox itself goes too at `shutdownTime`.
+    /// `Retain`: at `shutdownTime` the controller removes the pod and Service and keeps the
+    /// Sandbox with `Ready=False/SandboxExpired`, so the session ends `dead` with that reason;
+    /// the control plane then deletes the Sandbox (and its Secret with it).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub shutdown_policy: Option<String>,
 }
@@ -128,30 +137,6 @@ pub struct PodMetadata {
     pub labels: BTreeMap<String, String>,
     #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
     pub annotations: BTreeMap<String, String>,
-}
-
-/// `Sandbox.status` (lenient: every field optional).
-#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
-#[serde(rename_all = "camelCase")]
-pub struct SandboxStatus {
-    #[serde(default, rename = "serviceFQDN", skip_serializing_if = "Option::is_none")]
-    pub service_fqdn: Option<String>,
-    #[serde(default, skip_serializing_if = "Vec::is_empty")]
-    pub conditions: Vec<SandboxCondition>,
-    #[serde(default, rename = "podIPs", skip_serializing_if = "Vec::is_empty")]
-    pub pod_ips: Vec<String>,
-}
-
-/// A `metav1.Condition`, read leniently (a missing `lastTransitionTime` is no error here).
-#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
-pub struct SandboxCondition {
-    #[serde(rename = "type")]
-    pub type_: String,
-    pub status: String,
-    #[serde(default)]
-    pub reason: String,
-    #[serde(default)]
-    pub message: String,
 }
 
 /// The `Sandbox` resource as kube's dynamic `Api` reads and writes it.
@@ -181,6 +166,14 @@ pub struct PodSettings {
     pub base: SidecarConfig,
     /// PEM contents of the base config's `upstream_ca_files`, shipped in the Secret.
     pub upstream_cas: Vec<Vec<u8>>,
+    /// Default requests and limits of the harness container (an agent's `resources` override
+    /// them key by key).
+    pub harness_resources: crate::model::Resources,
+    /// The vault's admin port in the pod ([`VAULT_ADMIN_PORT`]; tests that run a real vault on
+    /// loopback pick a free one).
+    pub vault_admin_port: u16,
+    /// Warm pools: harness id → pool size.
+    pub warm_pools: BTreeMap<String, i32>,
 }
 
 impl PodSettings {
@@ -244,31 +237,40 @@ pub fn labels(spec: &SandboxSpec) -> BTreeMap<String, String> {
 }
 
 /// The vault's config inside the pod: base settings plus this pod's ports and files.
-pub fn vault_config(
-    base: &SidecarConfig,
-    upstream_cas: usize,
-    allow_out: &[String],
-    deny_out: &[String],
-    transparent: bool,
-) -> SidecarConfig {
+pub fn vault_config(settings: &PodSettings, allow_out: &[String], deny_out: &[String]) -> SidecarConfig {
+    SidecarConfig {
+        secrets_file: Some(format!("{VAULT_ETC}/secrets.json").into()),
+        ..pool_vault_config(settings, allow_out, deny_out)
+    }
+}
+
+/// [`vault_config`] without a secrets file: a warm-pool vault starts with no secrets and gets
+/// its session's over the admin API (`PUT /secrets`) after the claim.
+pub fn pool_vault_config(settings: &PodSettings, allow_out: &[String], deny_out: &[String]) -> SidecarConfig {
+    let (base, upstream_cas, transparent) = (&settings.base, settings.upstream_cas.len(), settings.transparent);
     let mut egress = EgressConfig {
         allow: base.egress.allow.clone(),
         deny: base.egress.deny.clone(),
-        deny_local: base.egress.deny_local,
+        // Always on in a pod: "this host" is the pod's network namespace, so it refuses the
+        // pod's own loopback and IPs (the harness port, the vault's own ports) and link-local,
+        // where the cloud metadata service (169.254.169.254, fd00:ec2::254 aside) hands out the
+        // node's credentials. The NetworkPolicy excludes 169.254/16 too, but only where the CNI
+        // enforces NetworkPolicies; this holds on every cluster. `[resolve]` targets stay
+        // reachable (air-gapped stand-ins).
+        deny_local: true,
     };
     egress.allow.extend(allow_out.iter().cloned());
     egress.deny.extend(deny_out.iter().cloned());
     SidecarConfig {
         listen: Some(format!("127.0.0.1:{VAULT_PROXY_PORT}")),
         // The control plane reads /interceptions and posts /reload (Bearer admin_token).
-        admin_listen: Some(format!("0.0.0.0:{VAULT_ADMIN_PORT}")),
+        admin_listen: Some(format!("0.0.0.0:{}", settings.vault_admin_port)),
         transparent_listen: transparent.then(|| format!("127.0.0.1:{VAULT_TRANSPARENT_PORT}")),
         ca_cert_path: Some(format!("{SHARED}/ca.pem").into()),
         upstream_ca_files: (0..upstream_cas)
             .map(|i| format!("{VAULT_ETC}/upstream-ca-{i}.pem").into())
             .collect(),
         intercept: base.intercept.clone(),
-        secrets_file: Some(format!("{VAULT_ETC}/secrets.json").into()),
         admin_token_file: Some(format!("{VAULT_ETC}/admin_token").into()),
         resolve: base.resolve.clone(),
         egress,
@@ -276,14 +278,32 @@ pub fn vault_config(
     }
 }
 
-/// The harness container's environment: SPEC §2.3 (proxies, CA), the stubs, its own settings.
-/// `HARNESS_AUTH_TOKEN` comes from the Secret (`secretKeyRef`), not from the Sandbox object.
-pub fn harness_env(spec: &SandboxSpec, secret: &str, harness_port: u16) -> Vec<EnvVar> {
-    let plain = |k: &str, v: String| EnvVar {
+fn plain(k: &str, v: String) -> EnvVar {
+    EnvVar {
         name: k.to_owned(),
         value: Some(v),
         value_from: None,
-    };
+    }
+}
+
+fn from_secret(k: &str, secret: &str, key: &str) -> EnvVar {
+    EnvVar {
+        name: k.to_owned(),
+        value: None,
+        value_from: Some(EnvVarSource {
+            secret_key_ref: Some(SecretKeySelector {
+                name: secret.to_owned(),
+                key: key.to_owned(),
+                optional: Some(false),
+            }),
+            ..EnvVarSource::default()
+        }),
+    }
+}
+
+/// What every harness container gets, session or warm pool: SPEC §2.3 (proxies, CA), its home,
+/// port and harness id.
+pub fn pod_env(harness_id: &str, harness_port: u16) -> Vec<EnvVar> {
     let proxy = format!("http://127.0.0.1:{VAULT_PROXY_PORT}");
     let no_proxy = "localhost,127.0.0.1,::1,.svc,.svc.cluster.local,.cluster.local".to_owned();
     let bundle = format!("{HARNESS_HOME}/ca-bundle.pem");
@@ -307,20 +327,15 @@ pub fn harness_env(spec: &SandboxSpec, secret: &str, harness_port: u16) -> Vec<E
     env.push(plain("HOME", HARNESS_HOME.to_owned()));
     env.push(plain("PORT", harness_port.to_string()));
     env.push(plain("LAP_HARNESS_HOST", "0.0.0.0".to_owned()));
-    env.push(plain("LAP_HARNESS_ID", spec.harness_id.clone()));
-    env.push(plain("LAP_SESSION_ID", spec.session_id.clone()));
-    env.push(EnvVar {
-        name: "HARNESS_AUTH_TOKEN".to_owned(),
-        value: None,
-        value_from: Some(EnvVarSource {
-            secret_key_ref: Some(SecretKeySelector {
-                name: secret.to_owned(),
-                key: "harness_token".to_owned(),
-                optional: Some(false),
-            }),
-            ..EnvVarSource::default()
-        }),
-    });
+    env.push(plain("LAP_HARNESS_ID", harness_id.to_owned()));
+    env
+}
+
+/// The session's own part of the harness environment (name → value), `HARNESS_AUTH_TOKEN`
+/// aside: its id, the agent's settings, a stub per secret. A cold pod carries it in its spec;
+/// a warm-pool pod receives it (with the token) over `PUT /session` after its claim.
+pub fn session_env(spec: &SandboxSpec) -> BTreeMap<String, String> {
+    let mut env = BTreeMap::from([("LAP_SESSION_ID".to_owned(), spec.session_id.clone())]);
     let optional = [
         ("LAP_MODEL", &spec.model),
         ("AGENT_PROMPT", &spec.prompt),
@@ -329,11 +344,20 @@ pub fn harness_env(spec: &SandboxSpec, secret: &str, harness_port: u16) -> Vec<E
     ];
     for (k, v) in optional {
         if let Some(v) = v {
-            env.push(plain(k, v.clone()));
+            env.insert(k.to_owned(), v.clone());
         }
     }
-    for (name, stub) in spec.stub_env() {
-        env.push(plain(&name, stub));
+    env.extend(spec.stub_env());
+    env
+}
+
+/// The harness container's environment: SPEC §2.3 (proxies, CA), the stubs, its own settings.
+/// `HARNESS_AUTH_TOKEN` comes from the Secret (`secretKeyRef`), not from the Sandbox object.
+pub fn harness_env(spec: &SandboxSpec, secret: &str, harness_port: u16) -> Vec<EnvVar> {
+    let mut env = pod_env(&spec.harness_id, harness_port);
+    env.push(from_secret("HARNESS_AUTH_TOKEN", secret, "harness_token"));
+    for (k, v) in session_env(spec) {
+        env.push(plain(&k, v));
     }
     env
 }
@@ -403,6 +427,29 @@ fn http_probe(path: &str, port: u16, period: i32, failures: i32) -> Probe {
 
 /// The pod of a session.
 pub fn pod_spec(spec: &SandboxSpec, settings: &PodSettings, secret: &str) -> PodSpec {
+    pod(
+        settings,
+        secret,
+        settings.harness_image_for(&spec.harness_id),
+        harness_env(spec, secret, settings.harness_port),
+        resources::harness(&settings.harness_resources, spec.placement.resources.as_ref()),
+        spec.placement
+            .runtime_class
+            .clone()
+            .or_else(|| settings.runtime_class.clone()),
+    )
+}
+
+/// The pod around a harness container with this image, environment and resources; the vault
+/// mounts `secret`.
+pub fn pod(
+    settings: &PodSettings,
+    secret: &str,
+    harness_image: String,
+    harness_env: Vec<EnvVar>,
+    harness_resources: k8s_openapi::api::core::v1::ResourceRequirements,
+    runtime_class: Option<String>,
+) -> PodSpec {
     let mut init = Vec::new();
     if settings.transparent {
         init.push(Container {
@@ -421,6 +468,7 @@ pub fn pod_spec(spec: &SandboxSpec, settings: &PodSettings, secret: &str) -> Pod
                 }),
                 ..SecurityContext::default()
             }),
+            resources: Some(resources::small("10m", "16Mi", "64Mi")),
             ..Container::default()
         });
     }
@@ -433,11 +481,12 @@ pub fn pod_spec(spec: &SandboxSpec, settings: &PodSettings, secret: &str) -> Pod
         restart_policy: Some("Always".to_owned()),
         ports: Some(vec![ContainerPort {
             name: Some("vault-admin".to_owned()),
-            container_port: i32::from(VAULT_ADMIN_PORT),
+            container_port: i32::from(settings.vault_admin_port),
             ..ContainerPort::default()
         }]),
-        startup_probe: Some(http_probe("/readyz", VAULT_ADMIN_PORT, 1, 60)),
-        liveness_probe: Some(http_probe("/healthz", VAULT_ADMIN_PORT, 10, 3)),
+        startup_probe: Some(http_probe("/readyz", settings.vault_admin_port, 1, 60)),
+        resources: Some(resources::small("50m", "64Mi", "256Mi")),
+        liveness_probe: Some(http_probe("/healthz", settings.vault_admin_port, 10, 3)),
         volume_mounts: Some(vec![
             mount("lap-vault", VAULT_ETC, true),
             mount("lap-shared", SHARED, false),
@@ -458,15 +507,16 @@ pub fn pod_spec(spec: &SandboxSpec, settings: &PodSettings, secret: &str) -> Pod
     );
     let harness = Container {
         name: "harness".to_owned(),
-        image: Some(settings.harness_image_for(&spec.harness_id)),
+        image: Some(harness_image),
         command: Some(vec!["/bin/sh".to_owned(), "-c".to_owned(), start]),
-        env: Some(harness_env(spec, secret, settings.harness_port)),
+        env: Some(harness_env),
         ports: Some(vec![ContainerPort {
             name: Some("harness".to_owned()),
             container_port: i32::from(settings.harness_port),
             ..ContainerPort::default()
         }]),
         readiness_probe: Some(http_probe("/healthz", settings.harness_port, 2, 3)),
+        resources: Some(harness_resources),
         volume_mounts: Some(vec![
             mount("lap-shared", SHARED, true),
             mount("lap-home", HARNESS_HOME, false),
@@ -487,7 +537,7 @@ pub fn pod_spec(spec: &SandboxSpec, settings: &PodSettings, secret: &str) -> Pod
         automount_service_account_token: Some(false),
         enable_service_links: Some(false),
         restart_policy: Some("Always".to_owned()),
-        runtime_class_name: settings.runtime_class.clone(),
+        runtime_class_name: runtime_class,
         security_context: Some(PodSecurityContext {
             run_as_non_root: Some(true),
             fs_group: Some(FS_GROUP),
@@ -534,13 +584,7 @@ pub fn secret_data(
     settings: &PodSettings,
     admin_token: &str,
 ) -> Result<BTreeMap<String, ByteString>, BuildError> {
-    let cfg = vault_config(
-        &settings.base,
-        settings.upstream_cas.len(),
-        &spec.allow_out,
-        &spec.deny_out,
-        settings.transparent,
-    );
+    let cfg = vault_config(settings, &spec.allow_out, &spec.deny_out);
     let toml = toml::to_string(&cfg).map_err(|e| BuildError::SidecarConfig(e.to_string()))?;
     let secrets = serde_json::to_vec(&SecretsFile {
         secrets: spec.secrets.clone(),
@@ -588,9 +632,9 @@ pub fn build(
                 },
                 spec: pod_spec(spec, settings, &secret),
             },
-            service: (settings.api_version == SandboxApiVersion::V1beta1).then_some(true),
+            service: Some(true),
             shutdown_time: Some(Time(shutdown)),
-            shutdown_policy: Some("Delete".to_owned()),
+            shutdown_policy: Some("Retain".to_owned()),
         },
     )
     .within(&settings.namespace);
@@ -618,87 +662,11 @@ pub fn owner_reference(sandbox: &Sandbox, api_version: SandboxApiVersion) -> Opt
         name: sandbox.metadata.name.clone()?,
         uid: sandbox.metadata.uid.clone()?,
         controller: Some(false),
-        block_owner_deletion: Some(true),
+        // Not blocking: `blockOwnerDeletion: true` needs `update` on `sandboxes/finalizers`
+        // (the OwnerReferencesPermissionEnforcement admission plugin), which the control plane
+        // is not granted. Garbage collection deletes the Secret after its Sandbox either way.
+        block_owner_deletion: Some(false),
     })
-}
-
-/// What a Sandbox's status says about bring-up.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub enum Readiness {
-    Ready,
-    Pending,
-    /// It will not become ready; the reason in words.
-    Failed(String),
-}
-
-/// Read the `Ready` and `Finished` conditions.
-pub fn readiness(status: Option<&SandboxStatus>) -> Readiness {
-    let Some(status) = status else {
-        return Readiness::Pending;
-    };
-    let cond = |t: &str| status.conditions.iter().find(|c| c.type_ == t);
-    if let Some(f) = cond("Finished").filter(|c| c.status == "True") {
-        return Readiness::Failed(format!(
-            "the sandbox pod stopped ({}){}",
-            if f.reason.is_empty() {
-                "Finished"
-            } else {
-                f.reason.as_str()
-            },
-            if f.message.is_empty() {
-                String::new()
-            } else {
-                format!(": {}", f.message)
-            }
-        ));
-    }
-    match cond("Ready") {
-        Some(c) if c.status == "True" => Readiness::Ready,
-        Some(c) if c.reason == "SandboxExpired" => {
-            Readiness::Failed("the sandbox expired (its shutdownTime passed; see LAP_K8S_MAX_LIFETIME)".to_owned())
-        }
-        _ => Readiness::Pending,
-    }
-}
-
-/// A pod or Sandbox `Event` that means bring-up will not succeed, as a reason a user can act
-/// on; `None` for ordinary progress (Scheduled, Pulling, Started, a transient FailedMount…).
-pub fn failure_from_event(ev: &Event) -> Option<String> {
-    if ev.type_.as_deref() != Some("Warning") {
-        return None;
-    }
-    let reason = ev.reason.as_deref().unwrap_or_default();
-    let message = ev.message.as_deref().unwrap_or_default().trim();
-    let lower = message.to_ascii_lowercase();
-    if lower.contains("exceeded quota") || lower.contains("forbidden: exceeded") {
-        return Some(format!(
-            "the namespace's resource quota does not allow this sandbox; free capacity or raise the quota: {message}"
-        ));
-    }
-    match reason {
-        "FailedScheduling" => Some(format!(
-            "no node can run the sandbox (unschedulable); add capacity or check node selectors, taints and the runtime class: {message}"
-        )),
-        "ErrImagePull" | "ImagePullBackOff" | "InspectFailed" | "ErrImageNeverPull" => Some(format!(
-            "an image could not be pulled; check the image name (LAP_K8S_VAULT_IMAGE / LAP_K8S_HARNESS_IMAGE) and pull access: {message}"
-        )),
-        "Failed" if lower.contains("pull") || lower.contains("image") => Some(format!(
-            "an image could not be pulled; check the image name (LAP_K8S_VAULT_IMAGE / LAP_K8S_HARNESS_IMAGE) and pull access: {message}"
-        )),
-        "BackOff" if lower.contains("pulling image") || lower.contains("pull") => Some(format!(
-            "an image could not be pulled; check the image name (LAP_K8S_VAULT_IMAGE / LAP_K8S_HARNESS_IMAGE) and pull access: {message}"
-        )),
-        "BackOff" | "CrashLoopBackOff" if lower.contains("restarting failed container") || reason == "CrashLoopBackOff" => {
-            Some(format!(
-                "a container keeps crashing (CrashLoopBackOff); see `kubectl logs` for the pod: {message}"
-            ))
-        }
-        "FailedCreate" => Some(format!("the sandbox pod could not be created: {message}")),
-        "FailedCreatePodSandBox" if lower.contains("runtimeclass") || lower.contains("runtime handler") => Some(format!(
-            "the runtime class cannot run the pod; check LAP_K8S_RUNTIME_CLASS: {message}"
-        )),
-        _ => None,
-    }
 }
 
 #[cfg(test)]
@@ -726,6 +694,7 @@ mod tests {
                 ..SecretSpec::default()
             }],
             harness_token: "htok".into(),
+            placement: Default::default(),
             phases: None,
         }
     }
@@ -744,6 +713,12 @@ mod tests {
             harness_port: 8080,
             base: SidecarConfig::default(),
             upstream_cas: vec![b"-----BEGIN CERTIFICATE-----\n".to_vec()],
+            harness_resources: crate::model::Resources {
+                requests: BTreeMap::from([("cpu".into(), "500m".into()), ("memory".into(), "1Gi".into())]),
+                limits: BTreeMap::from([("memory".into(), "4Gi".into())]),
+            },
+            vault_admin_port: VAULT_ADMIN_PORT,
+            warm_pools: BTreeMap::new(),
         }
     }
 
@@ -800,7 +775,7 @@ mod tests {
             s.spec.shutdown_time.as_ref().unwrap().0,
             "2026-01-02T04:04:05Z".parse::<Timestamp>().unwrap()
         );
-        assert_eq!(s.spec.shutdown_policy.as_deref(), Some("Delete"));
+        assert_eq!(s.spec.shutdown_policy.as_deref(), Some("Retain"));
         let json = serde_json::to_value(s).unwrap();
         assert_eq!(json["apiVersion"], "agents.x-k8s.io/v1beta1");
         assert_eq!(json["spec"]["service"], true);
@@ -810,7 +785,9 @@ mod tests {
     }
 
     #[test]
-    fn v1alpha1_has_no_service_field() {
+    fn v1alpha1_asks_for_the_service_too() {
+        // Controllers since v0.4.6 create the Service only with `service: true`, in v1alpha1 too
+        // (without it sessions waited for a Service that never came).
         let mut st = settings();
         st.api_version = SandboxApiVersion::V1alpha1;
         let o = build(&spec(), &st, "atok", now()).unwrap();
@@ -818,10 +795,8 @@ mod tests {
             o.sandbox.types.as_ref().unwrap().api_version,
             "agents.x-k8s.io/v1alpha1"
         );
-        assert_eq!(o.sandbox.spec.service, None);
-        assert!(serde_json::to_value(&o.sandbox).unwrap()["spec"]
-            .get("service")
-            .is_none());
+        assert_eq!(o.sandbox.spec.service, Some(true));
+        assert_eq!(serde_json::to_value(&o.sandbox).unwrap()["spec"]["service"], true);
     }
 
     #[test]
@@ -1023,7 +998,7 @@ mod tests {
             .map(|c| c.name)
             .collect();
         assert_eq!(names, ["vault"]);
-        let cfg = vault_config(&SidecarConfig::default(), 0, &[], &[], false);
+        let cfg = vault_config(&st, &[], &[]);
         assert_eq!(cfg.transparent_listen, None);
     }
 
@@ -1046,102 +1021,82 @@ mod tests {
         assert_eq!(r.uid, "u-1");
     }
 
-    fn cond(t: &str, s: &str, reason: &str) -> SandboxCondition {
-        SandboxCondition {
-            type_: t.into(),
-            status: s.into(),
-            reason: reason.into(),
-            message: String::new(),
-        }
-    }
-
     #[test]
-    fn readiness_from_conditions() {
-        assert_eq!(readiness(None), Readiness::Pending);
-        let st = |c: Vec<SandboxCondition>| SandboxStatus {
-            conditions: c,
-            ..SandboxStatus::default()
+    fn every_container_has_requests_and_the_agent_overrides() {
+        let o = built();
+        for c in [init(&o, "lap-netfilter"), init(&o, "vault"), harness(&o)] {
+            let r = c.resources.unwrap();
+            let req = r.requests.unwrap();
+            assert!(
+                req.contains_key("cpu") && req.contains_key("memory"),
+                "{}: not BestEffort",
+                c.name
+            );
+            assert!(r.limits.unwrap().contains_key("memory"), "{}: memory is capped", c.name);
+        }
+        let h = harness(&o).resources.unwrap();
+        assert_eq!(h.requests.unwrap()["cpu"].0, "500m");
+        let mut sp = spec();
+        sp.placement = crate::backend::Placement {
+            resources: Some(crate::model::Resources {
+                requests: BTreeMap::from([("cpu".into(), "2".into())]),
+                limits: BTreeMap::new(),
+            }),
+            runtime_class: Some("kata".into()),
         };
+        let o = build(&sp, &settings(), "atok", now()).unwrap();
+        let pod = &o.sandbox.spec.pod_template.spec;
         assert_eq!(
-            readiness(Some(&st(vec![cond("Ready", "False", "DependenciesNotReady")]))),
-            Readiness::Pending
+            pod.runtime_class_name.as_deref(),
+            Some("kata"),
+            "the agent's runtime class wins"
         );
-        assert_eq!(
-            readiness(Some(&st(vec![cond("Ready", "True", "DependenciesReady")]))),
-            Readiness::Ready
-        );
-        assert!(matches!(
-            readiness(Some(&st(vec![cond("Finished", "True", "PodFailed")]))),
-            Readiness::Failed(r) if r.contains("PodFailed")
-        ));
-        assert!(matches!(
-            readiness(Some(&st(vec![cond("Ready", "False", "SandboxExpired")]))),
-            Readiness::Failed(r) if r.contains("expired")
-        ));
-        let parsed: SandboxStatus = serde_json::from_value(serde_json::json!({
-            "serviceFQDN": "x.ns.svc.cluster.local",
-            "conditions": [{"type": "Ready", "status": "True"}]
-        }))
-        .unwrap();
-        assert_eq!(parsed.service_fqdn.as_deref(), Some("x.ns.svc.cluster.local"));
-        assert_eq!(readiness(Some(&parsed)), Readiness::Ready);
+        let h = pod.containers[0].resources.clone().unwrap();
+        assert_eq!(h.requests.as_ref().unwrap()["cpu"].0, "2");
+        assert_eq!(h.requests.unwrap()["memory"].0, "1Gi", "defaults fill the rest");
     }
 
-    fn event(type_: &str, reason: &str, message: &str) -> Event {
-        Event {
-            type_: Some(type_.into()),
-            reason: Some(reason.into()),
-            message: Some(message.into()),
-            ..Event::default()
-        }
-    }
-
+    /// `deny_local` in every pod's vault: the harness cannot reach the cloud metadata service
+    /// or the pod's own ports through the vault, whatever the CNI does with NetworkPolicies;
+    /// a `[resolve]` target on loopback (an air-gapped stand-in) stays reachable.
     #[test]
-    fn events_to_failure_reasons() {
-        let f = |t, r, m| failure_from_event(&event(t, r, m));
-        let pull = f("Warning", "Failed", "Failed to pull image \"nope:1\": not found").unwrap();
+    fn the_pod_vault_refuses_local_and_link_local_targets() {
+        use lap_vault_sidecar::egress::{AddressDenial, AddressPolicy};
+        use lap_vault_sidecar::hosts::HostSet;
+        let mut base = SidecarConfig::default();
+        base.resolve.insert("api.internal:443".into(), "127.0.0.1:8443".into());
+        let mut st = settings();
+        st.base = base;
+        let cfg = vault_config(&st, &[], &[]);
+        assert!(cfg.egress.deny_local);
+        let toml = toml::to_string(&cfg).unwrap();
         assert!(
-            pull.contains("image could not be pulled") && pull.contains("nope:1"),
-            "{pull}"
+            lap_vault_sidecar::config::parse_config(&toml)
+                .unwrap()
+                .egress
+                .deny_local
         );
-        assert!(f("Warning", "BackOff", "Back-off pulling image \"nope:1\"")
-            .unwrap()
-            .contains("image could not be pulled"));
-        let crash = f(
-            "Warning",
-            "BackOff",
-            "Back-off restarting failed container harness in pod lap-ses-1_ns(uid)",
-        )
-        .unwrap();
-        assert!(crash.contains("CrashLoopBackOff"), "{crash}");
-        let sched = f(
-            "Warning",
-            "FailedScheduling",
-            "0/3 nodes are available: 3 Insufficient cpu.",
-        )
-        .unwrap();
-        assert!(
-            sched.contains("unschedulable") && sched.contains("Insufficient cpu"),
-            "{sched}"
+        let pod_ip: std::net::IpAddr = "10.1.2.3".parse().unwrap();
+        let policy = AddressPolicy::new(
+            &HostSet::default(),
+            cfg.egress.deny_local,
+            [pod_ip],
+            ["127.0.0.1:8443".parse().unwrap()],
         );
-        let quota = f(
-            "Warning",
-            "FailedCreate",
-            "pods \"lap-ses-1\" is forbidden: exceeded quota: q, requested: cpu=1, used: cpu=4, limited: cpu=4",
-        )
-        .unwrap();
-        assert!(quota.contains("quota"), "{quota}");
-        assert!(f(
-            "Warning",
-            "FailedCreatePodSandBox",
-            "no runtime handler for runtimeclass gvisor"
-        )
-        .unwrap()
-        .contains("LAP_K8S_RUNTIME_CLASS"));
-        // Progress and transient warnings are not failures.
-        assert_eq!(f("Normal", "Pulling", "Pulling image \"x\""), None);
-        assert_eq!(f("Normal", "Scheduled", "Successfully assigned"), None);
-        assert_eq!(f("Warning", "FailedMount", "secret \"x\" not found"), None);
-        assert_eq!(f("Warning", "Unhealthy", "Startup probe failed"), None);
+        for target in [
+            "169.254.169.254:80",
+            "127.0.0.1:8080",
+            "[::1]:14323",
+            "10.1.2.3:8080",
+            "[fe80::1]:80",
+        ] {
+            assert_eq!(
+                policy.check(target.parse().unwrap()),
+                Err(AddressDenial::Local),
+                "{target}"
+            );
+        }
+        policy.check("127.0.0.1:8443".parse().unwrap()).unwrap();
+        policy.check("93.184.216.34:443".parse().unwrap()).unwrap();
     }
 }

@@ -4,6 +4,7 @@
 //! HTTP surface.
 
 pub mod agent;
+pub mod bootstrap;
 pub mod bringup;
 pub mod server;
 pub mod tty;

@@ -8,7 +8,10 @@
 //! `LAP_HARNESS_HOST` (bind address, default 127.0.0.1), `LAP_HARNESS_SOCKET` (serve on this
 //! Unix socket instead of a TCP port: the local backend's sandboxes have no network), and
 //! `LAP_VAULT_HANDOFF=stdin` with `LAP_VAULT_LISTEN` (the vault's socket is bound here, inside
-//! the sandbox, and handed to the control plane first: [`lap_harness::vault_handoff`]). A
+//! the sandbox, and handed to the control plane first: [`lap_harness::vault_handoff`]).
+//! `LAP_HARNESS_BOOTSTRAP_TOKEN` without `HARNESS_AUTH_TOKEN` (a Kubernetes warm-pool pod): wait
+//! for the session's environment on `PUT /session` first, then `exec` with it
+//! ([`lap_harness::bootstrap`]). A
 //! start-up failure prints `lap-harness: fatal: <reason>` and exits 3; the control plane shows
 //! that reason as the session's `failure_reason`.
 
@@ -16,6 +19,7 @@ use std::process::ExitCode;
 use std::sync::Arc;
 
 use lap_harness::agent::{self, AgentKind};
+use lap_harness::bootstrap;
 use lap_harness::bringup::{self, Phase};
 use lap_harness::server;
 use lap_harness::tty::{Terminal, TtyCommand};
@@ -42,6 +46,9 @@ fn main() -> ExitCode {
     }
     for k in ["LAP_VAULT_HANDOFF", "LAP_VAULT_LISTEN"] {
         std::env::remove_var(k);
+    }
+    if let (Some(token), None) = (env(bootstrap::TOKEN_VAR), env("HARNESS_AUTH_TOKEN")) {
+        return bootstrap_then_exec(token);
     }
     let runtime = match tokio::runtime::Runtime::new() {
         Ok(r) => r,
@@ -210,6 +217,41 @@ async fn run(git_token: Option<String>) -> ExitCode {
         Ok(Err(e)) => fatal(e),
         Err(e) => fatal(e),
     }
+}
+
+/// A warm-pool pod: wait for the session on `PORT` ([`bootstrap`]), then become the ordinary
+/// harness with the session's environment (and without the pool's token).
+fn bootstrap_then_exec(token: String) -> ExitCode {
+    use std::os::unix::process::CommandExt;
+    let port: u16 = match env("PORT").map(|p| p.parse()) {
+        Some(Ok(p)) => p,
+        None => 8080,
+        Some(Err(_)) => return fatal("PORT is not a port number"),
+    };
+    let host = env("LAP_HARNESS_HOST").unwrap_or_else(|| "127.0.0.1".into());
+    let runtime = match tokio::runtime::Builder::new_current_thread().enable_all().build() {
+        Ok(r) => r,
+        Err(e) => return fatal(format!("cannot start the async runtime: {e}")),
+    };
+    let session = runtime.block_on(async {
+        let listener = tokio::net::TcpListener::bind((host.as_str(), port)).await?;
+        eprintln!("lap-harness: waiting for a session on port {port}");
+        bootstrap::wait(listener, token).await
+    });
+    drop(runtime);
+    let env = match session {
+        Ok(env) => env,
+        Err(e) => return fatal(format!("bootstrap: {e}")),
+    };
+    let exe = match std::env::current_exe() {
+        Ok(p) => p,
+        Err(e) => return fatal(format!("bootstrap: cannot find this program: {e}")),
+    };
+    let err = std::process::Command::new(exe)
+        .envs(env)
+        .env_remove(bootstrap::TOKEN_VAR)
+        .exec();
+    fatal(format!("bootstrap: exec: {err}"))
 }
 
 /// SIGTERM or Ctrl-C.

@@ -1084,6 +1084,7 @@ mod tests {
                 ..SecretSpec::default()
             }],
             harness_token: "tok".into(),
+            placement: Default::default(),
             phases: None,
         }
     }
