@@ -279,6 +279,25 @@ impl Tunnel {
             }
         }
 
+        // What comes back must be redactable: offer only codings the sidecar decodes (W02). A
+        // request that carried a real value gets the whole representation, never two `Range`
+        // halves that each hold part of a reflected value.
+        if secrets.value_automaton().is_some() {
+            match parts.headers.get(header::ACCEPT_ENCODING).map(crate::decode::offer) {
+                Some(Some(offered)) => {
+                    parts.headers.insert(header::ACCEPT_ENCODING, offered);
+                }
+                Some(None) => {
+                    parts.headers.remove(header::ACCEPT_ENCODING);
+                }
+                None => {}
+            }
+        }
+        if !record.injections.is_empty() {
+            parts.headers.remove(header::RANGE);
+            parts.headers.remove(header::IF_RANGE);
+        }
+
         // Body: rewritten only for identity encoding; compressed bodies pass untouched.
         let identity = parts
             .headers
@@ -397,16 +416,31 @@ impl Tunnel {
         let bodyless = record.method == Method::HEAD
             || parts.status == StatusCode::NO_CONTENT
             || parts.status == StatusCode::NOT_MODIFIED;
-        let identity = parts
-            .headers
-            .get(header::CONTENT_ENCODING)
-            .is_none_or(|v| v.as_bytes().eq_ignore_ascii_case(b"identity"));
-        let redactor = if bodyless || !identity {
-            None
-        } else {
-            rewrite::redactor(&secrets)
-        };
+        let redactor = if bodyless { None } else { rewrite::redactor(&secrets) };
         let mut body: ProxyBody = body.map_err(BoxError::from).boxed_unsync();
+        // A compressed body is decoded so the redactor sees what the client will; the client
+        // gets identity. What the sidecar cannot decode, it does not relay.
+        if let (Some(_), Some(encoding)) = (&redactor, parts.headers.get(header::CONTENT_ENCODING)) {
+            match crate::decode::codings(encoding) {
+                Ok(codings) if codings.is_empty() => {
+                    parts.headers.remove(header::CONTENT_ENCODING);
+                }
+                Ok(codings) => {
+                    body = crate::decode::decoded(body, &codings);
+                    parts.headers.remove(header::CONTENT_ENCODING);
+                    parts.headers.remove(header::CONTENT_LENGTH);
+                }
+                Err(what) => {
+                    let resp = answer::error(
+                        StatusCode::BAD_GATEWAY,
+                        "undecodable-encoding",
+                        &host,
+                        &format!("the upstream answered with {what}, which the vault cannot decode to redact"),
+                    );
+                    return self.finish_local(resp, record, &secrets, &exchange, Some("undecodable-encoding"), None);
+                }
+            }
+        }
         let mut redactor = redactor;
         if let Some(rw) = redactor.as_mut().filter(|_| !same_lengths(&secrets)) {
             // Redaction may change the length: small bodies are redacted whole to keep an exact
@@ -670,15 +704,14 @@ fn content_length(headers: &http::HeaderMap) -> Option<u64> {
         .and_then(|v| v.parse().ok())
 }
 
-/// Whether every redactable value has the same length as its stub (then `Content-Length` holds).
+/// Whether every redaction pattern has the same length as its replacement (then
+/// `Content-Length` holds).
 fn same_lengths(secrets: &SecretSet) -> bool {
-    secrets
-        .value_automaton()
-        .map(|(_, ids)| {
-            ids.iter()
-                .all(|&i| secrets.secrets()[i].value.len() == secrets.secrets()[i].stub.len())
-        })
-        .unwrap_or(true)
+    let (patterns, replacements) = secrets.redaction();
+    patterns
+        .iter()
+        .zip(replacements.iter())
+        .all(|(p, r)| r.as_ref().is_none_or(|r| r.len() == p.len()))
 }
 
 fn source_chain(e: &(dyn std::error::Error + 'static)) -> String {

@@ -5,7 +5,7 @@
 //! [`listener`] (explicit proxy port: CONNECT, absolute-form) → [`connect`] (target, loop, egress
 //! via [`egress`]/[`hosts`], intercept or tunnel) → [`tls`] (per-pod CA, leaves, ALPN) →
 //! [`intercept`] (one request inside the tunnel) → [`rewrite`] (pure stub swapping and redaction,
-//! streamed by [`body`]) → [`upstream`] (pool, verification) → [`answer`] (errors as answers) →
+//! streamed by [`body`], compressed responses decoded by [`decode`] first) → [`upstream`] (pool, verification) → [`answer`] (errors as answers) →
 //! [`audit`]. [`config`] is what the operator writes; [`proxy`] holds the shared state and starts
 //! everything; [`admin`] is the health/CA/metrics/audit port.
 pub mod admin;
@@ -14,6 +14,7 @@ pub mod audit;
 pub mod body;
 pub mod config;
 pub mod connect;
+pub mod decode;
 pub mod egress;
 pub mod headers;
 pub mod hosts;

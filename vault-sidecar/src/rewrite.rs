@@ -176,16 +176,17 @@ fn basic_credentials(value: &[u8]) -> Option<&[u8]> {
     }
 }
 
-/// Replace real values by their stubs in one response header value; `None` when unchanged.
+/// Replace real values (in any of their [`crate::secrets::value_forms`]) by their stubs in one
+/// response header value; `None` when unchanged.
 pub fn redact_value(set: &SecretSet, value: &[u8]) -> Option<Vec<u8>> {
-    let (ac, ids) = set.value_automaton()?;
-    let secrets = set.secrets();
+    let (ac, _) = set.value_automaton()?;
+    let (_, replacements) = set.redaction();
     let mut out: Option<Vec<u8>> = None;
     let mut last = 0;
     for m in ac.find_iter(value) {
         let buf = out.get_or_insert_with(|| Vec::with_capacity(value.len()));
         buf.extend_from_slice(&value[last..m.start()]);
-        buf.extend_from_slice(secrets[ids[m.pattern().as_usize()]].stub.as_bytes());
+        buf.extend_from_slice(replacements[m.pattern().as_usize()].as_deref().unwrap_or_default());
         last = m.end();
     }
     if let Some(buf) = &mut out {

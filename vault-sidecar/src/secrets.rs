@@ -96,17 +96,96 @@ impl fmt::Debug for Secret {
 /// Values shorter than this are not redacted from responses: they would match ordinary bytes.
 pub const MIN_REDACT_LEN: usize = 8;
 
+/// The forms a value can come back in, each with the same form of the stub, as (pattern,
+/// replacement) pairs, distinct patterns only, none shorter than [`MIN_REDACT_LEN`]:
+///
+/// - the value itself;
+/// - base64, standard and URL-safe alphabets (RFC 4648 §4, §5): the whole encoding (padded and
+///   not), and for each of the three alignments the value can have inside a longer encoded
+///   string, the characters that only the value's bits determine. Replacing those by the stub's
+///   leaves a string that decodes to the stub (or, at an unaligned offset, to the stub's bits
+///   with the boundary characters garbled), never to the value;
+/// - percent-encoded (RFC 3986 §2.1; every byte but the unreserved ones, upper- and lowercase
+///   hex), where that differs from the value;
+/// - JSON-string-escaped (RFC 8259 §7, `/` as `\/` as some encoders write it), where that
+///   differs.
+pub fn value_forms(value: &[u8], stub: &[u8]) -> Vec<(Vec<u8>, Vec<u8>)> {
+    use base64::engine::general_purpose::{STANDARD, STANDARD_NO_PAD, URL_SAFE, URL_SAFE_NO_PAD};
+    use base64::Engine;
+    let mut forms: Vec<(Vec<u8>, Vec<u8>)> = vec![(value.to_vec(), stub.to_vec())];
+    // Unpadded first: where the value's encoding needs no padding the two are the same pattern,
+    // and the stub's replacement must not gain a `=` the original did not have.
+    for engine in [&STANDARD_NO_PAD, &URL_SAFE_NO_PAD, &STANDARD, &URL_SAFE] {
+        forms.push((engine.encode(value).into_bytes(), engine.encode(stub).into_bytes()));
+    }
+    for engine in [&STANDARD_NO_PAD, &URL_SAFE_NO_PAD] {
+        for align in 0..3 {
+            forms.push((
+                base64_middle(engine, value, align),
+                base64_middle(engine, stub, align),
+            ));
+        }
+    }
+    for upper in [true, false] {
+        forms.push((percent_encode(value, upper), percent_encode(stub, upper)));
+    }
+    forms.push((json_escape(value), json_escape(stub)));
+    let mut seen = std::collections::HashSet::new();
+    forms.retain(|(p, _)| p.len() >= MIN_REDACT_LEN && seen.insert(p.clone()));
+    forms
+}
+
+/// The base64 characters of `bytes` preceded by `align` other bytes that depend on `bytes` alone.
+fn base64_middle(engine: &impl base64::Engine, bytes: &[u8], align: usize) -> Vec<u8> {
+    let mut padded = vec![0u8; align];
+    padded.extend_from_slice(bytes);
+    let encoded = engine.encode(&padded).into_bytes();
+    // Character i holds bits [6i, 6i+6); the value's bits are [8·align, 8·(align+len)).
+    let first = (8 * align).div_ceil(6);
+    let end = (8 * (align + bytes.len())) / 6;
+    encoded.get(first..end).map(<[u8]>::to_vec).unwrap_or_default()
+}
+
+fn percent_encode(bytes: &[u8], upper: bool) -> Vec<u8> {
+    let mut out = Vec::with_capacity(bytes.len());
+    for &b in bytes {
+        if b.is_ascii_alphanumeric() || matches!(b, b'-' | b'.' | b'_' | b'~') {
+            out.push(b);
+        } else if upper {
+            out.extend_from_slice(format!("%{b:02X}").as_bytes());
+        } else {
+            out.extend_from_slice(format!("%{b:02x}").as_bytes());
+        }
+    }
+    out
+}
+
+fn json_escape(bytes: &[u8]) -> Vec<u8> {
+    let mut out = Vec::with_capacity(bytes.len());
+    for &b in bytes {
+        match b {
+            b'"' => out.extend_from_slice(b"\\\""),
+            b'\\' => out.extend_from_slice(b"\\\\"),
+            b'/' => out.extend_from_slice(b"\\/"),
+            0..=0x1f => out.extend_from_slice(format!("\\u{b:04x}").as_bytes()),
+            _ => out.push(b),
+        }
+    }
+    out
+}
+
 /// A compiled snapshot of all secrets: one automaton over the stubs, one over the real values.
 pub struct SecretSet {
     secrets: Vec<Secret>,
     /// Pattern `i` is `secrets[i].stub`.
     stubs: Option<Arc<Finder>>,
-    /// Pattern `j` is `secrets[redact_ids[j]].value`.
+    /// Pattern `j` is a form of `secrets[redact_ids[j]].value` ([`value_forms`]).
     values: Option<Arc<Finder>>,
     redact_ids: Vec<usize>,
     /// Every stub's bytes, by secret index (the body rewriter's patterns), built once per set.
     stub_bytes: Arc<[Bytes]>,
-    /// The redactor's patterns (`secrets[redact_ids[j]].value`) and replacements (their stubs).
+    /// The redactor's patterns (the forms of `secrets[redact_ids[j]].value`) and replacements
+    /// (the same forms of their stubs).
     redact_values: Arc<[Bytes]>,
     redact_stubs: Arc<[Option<Bytes>]>,
     bound: HostSet,
@@ -192,31 +271,31 @@ impl Iterator for FindIter<'_, '_> {
 impl SecretSet {
     pub fn new(secrets: Vec<Secret>) -> Self {
         let stubs = Finder::new(secrets.iter().map(|s| s.stub.as_bytes())).map(Arc::new);
-        let redact_ids: Vec<usize> = secrets
-            .iter()
-            .enumerate()
-            .filter(|(_, s)| s.value.len() >= MIN_REDACT_LEN)
-            .map(|(i, _)| i)
-            .collect();
-        let values = Finder::new(redact_ids.iter().map(|&i| secrets[i].value.as_bytes())).map(Arc::new);
+        // Every encoded form of every redactable value, with the same form of its stub.
+        let mut redact_ids = Vec::new();
+        let mut redact_values = Vec::new();
+        let mut redact_stubs = Vec::new();
+        for (i, s) in secrets.iter().enumerate() {
+            if s.value.len() < MIN_REDACT_LEN {
+                continue;
+            }
+            for (pattern, replacement) in value_forms(s.value.as_bytes(), s.stub.as_bytes()) {
+                redact_ids.push(i);
+                redact_values.push(Bytes::from(pattern));
+                redact_stubs.push(Some(Bytes::from(replacement)));
+            }
+        }
+        let values = Finder::new(redact_values.iter().map(|v| &v[..])).map(Arc::new);
         let bound = HostSet(secrets.iter().flat_map(|s| s.hosts.0.iter().cloned()).collect());
         let stub_bytes = secrets.iter().map(|s| Bytes::from(s.stub.clone())).collect();
-        let redact_values = redact_ids
-            .iter()
-            .map(|&i| Bytes::from(secrets[i].value.clone()))
-            .collect();
-        let redact_stubs = redact_ids
-            .iter()
-            .map(|&i| Some(Bytes::from(secrets[i].stub.clone())))
-            .collect();
         Self {
             secrets,
             stubs,
             values,
             redact_ids,
             stub_bytes,
-            redact_values,
-            redact_stubs,
+            redact_values: redact_values.into(),
+            redact_stubs: redact_stubs.into(),
             bound,
         }
     }
@@ -278,6 +357,47 @@ impl SecretSet {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// Every form is found where the value sits inside encoded data at any offset, and the
+    /// redacted text decodes to no trace of the value.
+    #[test]
+    fn each_encoded_form_of_a_value_is_found_and_replaced() {
+        use base64::engine::general_purpose::{STANDARD, URL_SAFE_NO_PAD};
+        use base64::Engine;
+        let value = "sk-ant-api03-R/E+A?L\"key";
+        let stub = "sk-ant-api03-lapstubABCDEFGHIJ";
+        let forms = value_forms(value.as_bytes(), stub.as_bytes());
+        let finder = Arc::new(Finder::new(forms.iter().map(|(p, _)| &p[..])).unwrap());
+        let patterns: Vec<Bytes> = forms.iter().map(|(p, _)| Bytes::from(p.clone())).collect();
+        let replacements: Vec<Option<Bytes>> = forms.iter().map(|(_, r)| Some(Bytes::from(r.clone()))).collect();
+        let redact = |text: &[u8]| {
+            let mut rw = crate::rewrite::StreamRewriter::new(finder.clone(), patterns.clone(), replacements.clone());
+            let mut out = rw.push(Bytes::copy_from_slice(text)).to_vec();
+            out.extend_from_slice(&rw.finish());
+            out
+        };
+        for prefix in ["", "a", "ab", "abc"] {
+            for engine in [&STANDARD, &URL_SAFE_NO_PAD] {
+                let encoded = engine.encode(format!("{prefix}{value}:tail"));
+                let out = redact(encoded.as_bytes());
+                assert_ne!(out, encoded.as_bytes(), "offset {}: not found in {encoded}", prefix.len());
+                let lenient = base64::engine::GeneralPurpose::new(
+                    if std::ptr::eq(engine, &STANDARD) { &base64::alphabet::STANDARD } else { &base64::alphabet::URL_SAFE },
+                    base64::engine::GeneralPurposeConfig::new()
+                        .with_decode_allow_trailing_bits(true)
+                        .with_decode_padding_mode(base64::engine::DecodePaddingMode::Indifferent),
+                );
+                let decoded = lenient.decode(&out).unwrap_or_default();
+                assert!(!decoded.windows(value.len()).any(|w| w == value.as_bytes()), "{encoded}");
+            }
+        }
+        assert_eq!(redact(STANDARD.encode(value).as_bytes()), STANDARD.encode(stub).as_bytes());
+        let percent = "sk-ant-api03-R%2FE%2BA%3FL%22key";
+        assert_eq!(redact(percent.as_bytes()), stub.as_bytes());
+        assert_eq!(redact("sk-ant-api03-R%2fE%2bA%3fL%22key".as_bytes()), stub.as_bytes(), "lowercase hex");
+        let json = r#"{"k":"sk-ant-api03-R\/E+A?L\"key"}"#;
+        assert_eq!(redact(json.as_bytes()), format!(r#"{{"k":"{stub}"}}"#).as_bytes());
+    }
     use proptest::prelude::*;
 
     fn dfa_matches(patterns: &[Vec<u8>], text: &[u8]) -> Vec<(usize, usize, usize)> {

@@ -137,34 +137,106 @@ async fn sse_with_real_value_split_across_chunks_is_redacted_without_delay() {
     sidecar.assert_logs_clean();
 }
 
+/// W02: a reflected real value comes back compressed (gzip, deflate, br, zstd; a stored gzip
+/// that holds it verbatim, too): the client gets the decoded body with the stub in its place,
+/// and nothing it receives decodes to the value. A coding the vault cannot decode is a 502.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn gzip_body_containing_a_real_value_passes_untouched() {
+async fn compressed_reflections_reach_the_client_decoded_and_redacted() {
     let up = Scripted::start(ANTHROPIC_REAL).await;
     let sidecar = Sidecar::start(up.sidecar_config()).await;
-    let raw = up.gzip_bytes();
-    assert!(
-        raw.windows(ANTHROPIC_REAL.len())
-            .any(|w| w == ANTHROPIC_REAL.as_bytes()),
-        "test premise: the stored gzip holds the value verbatim"
-    );
+    let want = support::ops::reflected_text(ANTHROPIC_STUB);
+    let stored = String::from_utf8_lossy(&{
+        use std::io::Read as _;
+        let mut s = Vec::new();
+        flate2::read::GzDecoder::new(&up.gzip_bytes()[..]).read_to_end(&mut s).unwrap();
+        s
+    })
+    .replace(ANTHROPIC_REAL, ANTHROPIC_STUB);
+    let routes = [
+        ("/encoded-real?enc=gzip", want.clone()),
+        ("/encoded-real?enc=deflate", want.clone()),
+        ("/encoded-real?enc=br", want.clone()),
+        ("/encoded-real?enc=zstd", want.clone()),
+        ("/gzip-real", stored),
+    ];
     for proto in ["--http1.1", "--http2"] {
-        // No --compressed: curl hands us the encoded bytes as they arrived.
+        for (route, want) in &routes {
+            // No --compressed: curl hands over the bytes as they arrived.
+            let out = sidecar
+                .curl()
+                .arg(proto)
+                .args(["-H", "accept-encoding: gzip, deflate, br, zstd"])
+                .arg(format!("https://api.anthropic.com{route}"))
+                .run()
+                .await
+                .ok();
+            assert_eq!(out.status, 200, "{proto} {route}");
+            assert_eq!(out.header("content-encoding"), None, "{proto} {route}: identity toward the client");
+            let body = String::from_utf8_lossy(&out.body);
+            assert_eq!(&body, want, "{proto} {route}");
+            assert!(!body.contains(ANTHROPIC_REAL));
+        }
         let out = sidecar
             .curl()
             .arg(proto)
-            .arg("https://api.anthropic.com/gzip-real")
+            .arg("https://api.anthropic.com/encoded-real?enc=compress")
             .run()
             .await
             .ok();
-        assert_eq!(out.status, 200);
-        assert_eq!(out.header("content-encoding"), Some("gzip"));
-        assert_eq!(
-            sha256_hex(&out.body),
-            sha256_hex(&raw),
-            "{proto}: compressed bodies pass byte for byte (len {} vs {})",
-            out.body.len(),
-            raw.len()
-        );
+        assert_eq!(out.status, 502, "{proto}: an encoding the vault cannot decode is not relayed");
+        assert_eq!(out.header("x-vault-error"), Some("undecodable-encoding"));
+        assert!(!String::from_utf8_lossy(&out.body).contains(ANTHROPIC_REAL));
+    }
+    // The upstream was offered only what the vault decodes.
+    let offered: Vec<String> = up
+        .requests()
+        .iter()
+        .filter(|(p, _)| p.starts_with("/encoded-real"))
+        .filter_map(|(_, h)| h.iter().find(|(k, _)| k == "accept-encoding").map(|(_, v)| v.clone()))
+        .collect();
+    assert!(!offered.is_empty());
+    assert!(offered.iter().all(|v| v == "gzip, deflate, br, zstd"), "{offered:?}");
+}
+
+/// W05: the value reflected base64-encoded (whole, URL-safe, inside a longer token) and
+/// percent-encoded in a header: the client never gets a form that decodes to it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn encoded_forms_of_a_reflected_value_are_redacted() {
+    use base64::Engine as _;
+    let up = Scripted::start(ANTHROPIC_REAL).await;
+    let sidecar = Sidecar::start(up.sidecar_config()).await;
+    for proto in ["--http1.1", "--http2"] {
+        let out = sidecar
+            .curl()
+            .arg(proto)
+            .arg("https://api.anthropic.com/forms-real")
+            .run()
+            .await
+            .ok();
+        assert_eq!(out.status, 200, "{proto}");
+        let v: serde_json::Value = serde_json::from_slice(&out.body).unwrap();
+        // Padding is kept where the value's own encoding had it (this value's does not).
+        let lenient_in = |alphabet: &base64::alphabet::Alphabet| {
+            base64::engine::GeneralPurpose::new(
+                alphabet,
+                base64::engine::GeneralPurposeConfig::new()
+                    .with_decode_allow_trailing_bits(true)
+                    .with_decode_padding_mode(base64::engine::DecodePaddingMode::Indifferent),
+            )
+        };
+        let lenient = lenient_in(&base64::alphabet::STANDARD);
+        let b64 = lenient.decode(v["b64"].as_str().unwrap()).unwrap();
+        assert_eq!(String::from_utf8_lossy(&b64), ANTHROPIC_STUB, "{proto}: {v}");
+        let b64url = lenient_in(&base64::alphabet::URL_SAFE).decode(v["b64url"].as_str().unwrap()).unwrap();
+        assert_eq!(String::from_utf8_lossy(&b64url), ANTHROPIC_STUB, "{proto}: {v}");
+        // The inner token decodes (leniently) to no trace of the value.
+        let inner = v["b64_inner"].as_str().unwrap();
+        let decoded = lenient.decode(inner).unwrap_or_default();
+        assert!(!decoded.windows(ANTHROPIC_REAL.len()).any(|w| w == ANTHROPIC_REAL.as_bytes()), "{proto}: {inner}");
+        assert!(!out.body.windows(ANTHROPIC_REAL.len()).any(|w| w == ANTHROPIC_REAL.as_bytes()));
+        let location = out.header("location").unwrap();
+        assert!(location.contains(&support::ops::percent(ANTHROPIC_STUB)), "{proto}: {location}");
+        assert!(!location.contains(&support::ops::percent(ANTHROPIC_REAL)), "{proto}: {location}");
     }
 }
 

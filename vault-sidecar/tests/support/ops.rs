@@ -185,6 +185,44 @@ fn pki() -> (String, Vec<CertificateDer<'static>>, PrivateKeyDer<'static>) {
     (ca.pem(), vec![leaf.der().clone(), ca.der().clone()], key)
 }
 
+/// What `/encoded-real` serves (before encoding): JSON lines that hold `real`.
+pub fn reflected_text(real: &str) -> String {
+    format!("{{\"key\":\"{real}\"}}\n").repeat(50)
+}
+
+/// `bytes` in the content coding `enc` (`gzip`, `deflate` (zlib), `br`, `zstd`; anything else is
+/// served as is, labelled with that coding).
+pub async fn encode(enc: &str, bytes: &[u8]) -> Vec<u8> {
+    use async_compression::tokio::bufread::{BrotliEncoder, GzipEncoder, ZlibEncoder, ZstdEncoder};
+    use tokio::io::AsyncReadExt as _;
+    let mut out = Vec::new();
+    let read = match enc {
+        "gzip" => GzipEncoder::new(bytes).read_to_end(&mut out).await,
+        "deflate" => ZlibEncoder::new(bytes).read_to_end(&mut out).await,
+        "br" => BrotliEncoder::new(bytes).read_to_end(&mut out).await,
+        "zstd" => ZstdEncoder::new(bytes).read_to_end(&mut out).await,
+        _ => {
+            out.extend_from_slice(bytes);
+            Ok(bytes.len())
+        }
+    };
+    read.expect("encode");
+    out
+}
+
+/// Percent-encoding of every byte but the unreserved ones (RFC 3986 §2.1).
+pub fn percent(text: &str) -> String {
+    text.bytes()
+        .map(|b| {
+            if b.is_ascii_alphanumeric() || matches!(b, b'-' | b'.' | b'_' | b'~') {
+                (b as char).to_string()
+            } else {
+                format!("%{b:02X}")
+            }
+        })
+        .collect()
+}
+
 /// A gzip member of stored deflate blocks: `text` appears verbatim in the bytes.
 pub fn stored_gzip(text: &[u8]) -> Bytes {
     use std::io::Write as _;
@@ -267,6 +305,11 @@ impl Scripted {
             _dir: dir,
             task,
         }
+    }
+
+    /// Every request seen so far: `(path and query, headers)`.
+    pub fn requests(&self) -> Vec<SeenRequest> {
+        self.state.requests.lock().expect("lock").clone()
     }
 
     /// The exact bytes `/gzip-real` serves.
@@ -361,6 +404,31 @@ async fn route(req: Request<Incoming>, st: Arc<ScriptState>, real: Arc<str>, gz:
                 .header("content-type", "text/event-stream")
                 .header("cache-control", "no-cache")
                 .body(StreamBody::new(stream).boxed_unsync())
+                .expect("response")
+        }
+        "/encoded-real" => {
+            let enc = path.split("enc=").nth(1).unwrap_or("gzip").to_owned();
+            let body = encode(&enc, reflected_text(&real).as_bytes()).await;
+            Response::builder()
+                .header("content-type", "application/json")
+                .header("content-encoding", enc)
+                .header("content-length", body.len().to_string())
+                .body(full(body))
+                .expect("response")
+        }
+        "/forms-real" => {
+            use base64::Engine as _;
+            let body = serde_json::json!({
+                "b64": base64::engine::general_purpose::STANDARD.encode(real.as_bytes()),
+                "b64url": base64::engine::general_purpose::URL_SAFE_NO_PAD.encode(real.as_bytes()),
+                // Inside a longer base64 token, at an unaligned offset.
+                "b64_inner": base64::engine::general_purpose::STANDARD.encode(format!("user:{real}:x")),
+            })
+            .to_string();
+            Response::builder()
+                .header("content-type", "application/json")
+                .header("location", format!("https://cb.example/done?k={}", percent(&real)))
+                .body(full(body))
                 .expect("response")
         }
         "/gzip-real" => Response::builder()

@@ -132,6 +132,9 @@ struct Ctx {
     git_root: PathBuf,
     git_token: Option<String>,
     gzip_body: Bytes,
+    /// `/encoded?enc=br|zstd`: the same text as the gzip body, in that coding.
+    br_body: Bytes,
+    zstd_body: Bytes,
 }
 
 /// A running upstream. Dropping it stops its listeners.
@@ -159,19 +162,25 @@ impl Drop for Upstream {
     }
 }
 
-/// The gzip body served by `/gzip`: compressed JSON-ish text, bytes fixed for the life of the upstream.
-fn make_gzip_body() -> Bytes {
-    use std::io::Write as _;
+/// What `/gzip` and `/encoded` serve, decoded: JSON-ish lines (no secret in them).
+pub fn encoded_text() -> String {
     let mut text = String::new();
     for i in 0..2000 {
         text.push_str(&format!("{{\"line\":{i},\"text\":\"the quick brown fox\"}}\n"));
     }
+    text
+}
+
+/// The gzip body served by `/gzip`: compressed JSON-ish text, bytes fixed for the life of the upstream.
+fn make_gzip_body() -> Bytes {
+    use std::io::Write as _;
+    let text = encoded_text();
     let mut enc = flate2::write::GzEncoder::new(Vec::new(), flate2::Compression::default());
     enc.write_all(text.as_bytes()).expect("gzip write");
     Bytes::from(enc.finish().expect("gzip finish"))
 }
 
-/// Opaque bytes served with `Content-Encoding: br` / `zstd` (never decoded by anyone in the path).
+/// Opaque bytes labelled `br` / `zstd` (a request body no one in the path decodes).
 pub fn opaque_encoded_body(enc: &str) -> Bytes {
     let mut v: Vec<u8> = match enc {
         "zstd" => vec![0x28, 0xb5, 0x2f, 0xfd],
@@ -294,6 +303,8 @@ impl Upstream {
             git_root: git_root.clone(),
             git_token: opts.git_token.clone(),
             gzip_body: gzip_body.clone(),
+            br_body: super::ops::encode("br", encoded_text().as_bytes()).await.into(),
+            zstd_body: super::ops::encode("zstd", encoded_text().as_bytes()).await.into(),
         });
 
         let tls_listener = TcpListener::bind("127.0.0.1:0").await.expect("bind tls");
@@ -573,10 +584,11 @@ async fn route(req: Request<Incoming>, ctx: Arc<Ctx>, info: ConnInfo) -> Respons
         "/gzip" => encoded_response("gzip", ctx.gzip_body.clone()),
         "/encoded" => {
             let enc = query_param(&query, "enc").unwrap_or("gzip");
-            let bytes = if enc == "gzip" {
-                ctx.gzip_body.clone()
-            } else {
-                opaque_encoded_body(enc)
+            let bytes = match enc {
+                "gzip" => ctx.gzip_body.clone(),
+                "br" => ctx.br_body.clone(),
+                "zstd" => ctx.zstd_body.clone(),
+                other => opaque_encoded_body(other),
             };
             encoded_response(enc, bytes)
         }
