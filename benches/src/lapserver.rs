@@ -138,7 +138,9 @@ impl LapServer {
     /// Poll the session until it leaves `creating`; its final view.
     pub async fn settle(&self, sid: &str, poll: Duration) -> Result<Value> {
         loop {
-            let v = self.call(reqwest::Method::GET, &format!("/sessions/{sid}"), None).await?;
+            let v = self
+                .call(reqwest::Method::GET, &format!("/sessions/{sid}"), None)
+                .await?;
             if v["status"] != "creating" {
                 return Ok(v);
             }

@@ -16,11 +16,11 @@ use futures_util::stream::{self, Stream, StreamExt};
 use crate::app::App;
 use crate::audit::{Actor, AuditQuery, AuditView};
 use crate::error::ApiError;
-use crate::store::AuditFilter;
 use crate::model::{
     AgentView, CreateAgent, CreateSession, MessageInput, Page, PageQuery, PatchAgent, SecretInput, SecretView,
     SessionView, DEFAULT_LIMIT, MAX_LIMIT,
 };
+use crate::store::AuditFilter;
 
 /// JSON body whose rejections are `{"error": …}` 400s.
 #[derive(FromRequest)]
@@ -190,7 +190,9 @@ type ActorExt = axum::Extension<Actor>;
 
 /// The names of the fields a PATCH body sets, for the audit (never their values).
 fn fields_of(body: &serde_json::Value) -> Vec<String> {
-    body.as_object().map(|o| o.keys().cloned().collect()).unwrap_or_default()
+    body.as_object()
+        .map(|o| o.keys().cloned().collect())
+        .unwrap_or_default()
 }
 
 async fn create_agent(
@@ -269,11 +271,25 @@ async fn delete_agent(
     let Query(q) = q?;
     let stopped = app.delete_agent(&id, q.stop_sessions).await?;
     for sid in &stopped {
-        app.record("session.delete", &actor, Some(sid), Some(&id), &[], serde_json::json!({"reason": "agent deleted"}))
-            .await;
-    }
-    app.record("agent.delete", &actor, None, Some(&id), &[], serde_json::json!({ "stopped_sessions": stopped }))
+        app.record(
+            "session.delete",
+            &actor,
+            Some(sid),
+            Some(&id),
+            &[],
+            serde_json::json!({"reason": "agent deleted"}),
+        )
         .await;
+    }
+    app.record(
+        "agent.delete",
+        &actor,
+        None,
+        Some(&id),
+        &[],
+        serde_json::json!({ "stopped_sessions": stopped }),
+    )
+    .await;
     Ok(StatusCode::NO_CONTENT)
 }
 
@@ -332,8 +348,15 @@ async fn delete_session(
 ) -> ApiResult<Json<SessionView>> {
     let (s, ended) = app.stop_session_once(&id).await?;
     if ended {
-        app.record("session.delete", &actor, Some(&id), Some(&s.agent_id), &[], serde_json::json!({}))
-            .await;
+        app.record(
+            "session.delete",
+            &actor,
+            Some(&id),
+            Some(&s.agent_id),
+            &[],
+            serde_json::json!({}),
+        )
+        .await;
     }
     Ok(Json(app.session_view(&s)))
 }
@@ -453,8 +476,15 @@ async fn create_secret(
         .clone()
         .ok_or_else(|| ApiError::BadRequest("name: required".into()))?;
     let s = app.put_secret(&name, body, false).await?;
-    app.record("secret.create", &actor, None, None, std::slice::from_ref(&name), serde_json::json!({"hosts": s.hosts}))
-        .await;
+    app.record(
+        "secret.create",
+        &actor,
+        None,
+        None,
+        std::slice::from_ref(&name),
+        serde_json::json!({"hosts": s.hosts}),
+    )
+    .await;
     Ok((StatusCode::CREATED, Json(s.view())).into_response())
 }
 
@@ -489,8 +519,15 @@ async fn put_secret(
         }
     }
     let s = app.put_secret(&name, body, true).await?;
-    app.record("secret.update", &actor, None, None, std::slice::from_ref(&name), serde_json::json!({"hosts": s.hosts}))
-        .await;
+    app.record(
+        "secret.update",
+        &actor,
+        None,
+        None,
+        std::slice::from_ref(&name),
+        serde_json::json!({"hosts": s.hosts}),
+    )
+    .await;
     Ok(Json(s.view()))
 }
 

@@ -10,6 +10,7 @@ use lap_vault_sidecar::config::SecretSpec;
 use rand::RngCore;
 use tokio::sync::broadcast;
 
+use crate::audit::Actor;
 use crate::backend::{SandboxBackend, SandboxHandle, SandboxSpec};
 use crate::crypto::Cipher;
 use crate::env_vars;
@@ -19,7 +20,6 @@ use crate::model::{
     now_ms, Agent, AgentSpec, CreateAgent, CreateSession, PatchAgent, RegistrySecret, SecretInput, Session,
     SessionView, Status, HARNESS_IDS, REDACTED,
 };
-use crate::audit::Actor;
 use crate::store::{AgentRow, AuditFilter, AuditRow, SecretRow, Store};
 
 /// Settings the service needs.
@@ -385,7 +385,11 @@ impl App {
             return Err(ApiError::NotFound(format!("agent `{id}`")));
         }
         // A session created for this agent while it was being deleted: never left running.
-        for s in self.store.sessions_with_status(&[Status::Creating, Status::Ready]).await? {
+        for s in self
+            .store
+            .sessions_with_status(&[Status::Creating, Status::Ready])
+            .await?
+        {
             if s.agent_id == id && self.stop_session_once(&s.id).await?.1 {
                 stopped.push(s.id);
             }
@@ -446,7 +450,10 @@ impl App {
     }
 
     async fn propagate_rotation(&self, name: &str, input: &SecretInput) {
-        for (s, handle) in self.running_sessions_using(|a| a.spec.secrets.iter().any(|n| n == name)).await {
+        for (s, handle) in self
+            .running_sessions_using(|a| a.spec.secrets.iter().any(|n| n == name))
+            .await
+        {
             match self
                 .backend
                 .rotate_secret(&handle, name, &input.value, &input.hosts, &input.locations)
@@ -484,13 +491,18 @@ impl App {
             return Err(ApiError::NotFound(format!("secret `{name}`")));
         }
         let mut revoked = Vec::new();
-        for (s, handle) in self.running_sessions_using(|a| a.spec.secrets.iter().any(|n| n == name)).await {
+        for (s, handle) in self
+            .running_sessions_using(|a| a.spec.secrets.iter().any(|n| n == name))
+            .await
+        {
             match self.backend.revoke_secret(&handle, name).await {
                 Ok(()) => {
                     tracing::info!(session = %s.id, secret = %name, "revoked secret from running session");
                     revoked.push(s.id);
                 }
-                Err(e) => tracing::warn!(session = %s.id, secret = %name, error = %e, "revocation did not reach session"),
+                Err(e) => {
+                    tracing::warn!(session = %s.id, secret = %name, error = %e, "revocation did not reach session")
+                }
             }
         }
         Ok(revoked)
@@ -643,7 +655,12 @@ impl App {
     /// Bring the sandbox up; cancelled (and whatever it started removed) as soon as the session
     /// is stopped, on this replica ([`App::stop_session`] signals `cancel`) or another (the
     /// lease renewal sees the row is no longer `creating`).
-    async fn bring_up(self: Arc<Self>, spec: SandboxSpec, initial_prompt: Option<String>, cancel: Arc<tokio::sync::Notify>) {
+    async fn bring_up(
+        self: Arc<Self>,
+        spec: SandboxSpec,
+        initial_prompt: Option<String>,
+        cancel: Arc<tokio::sync::Notify>,
+    ) {
         let id = spec.session_id.clone();
         let lease = bringup_lease(&id);
         let renew = {

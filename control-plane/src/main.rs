@@ -51,7 +51,10 @@ async fn main() -> ExitCode {
     let (stop_tx, stop_rx) = tokio::sync::watch::channel(false);
     tokio::spawn(async move {
         let signal = wait_for_signal().await;
-        tracing::info!(signal, "shutting down: no new requests; sandboxes keep running and the next start adopts them");
+        tracing::info!(
+            signal,
+            "shutting down: no new requests; sandboxes keep running and the next start adopts them"
+        );
         let _ = stop_tx.send(true);
     });
     let mut graceful = stop_rx.clone();

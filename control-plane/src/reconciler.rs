@@ -47,7 +47,10 @@ pub async fn reconcile_once(app: &Arc<App>) -> Result<bool, ApiError> {
         tokio::spawn(async move {
             loop {
                 tokio::time::sleep(LEASE_RENEW).await;
-                if let Err(e) = store.try_lease("reconciler", &replica, now_ms(), RECONCILER_LEASE_MS).await {
+                if let Err(e) = store
+                    .try_lease("reconciler", &replica, now_ms(), RECONCILER_LEASE_MS)
+                    .await
+                {
                     tracing::warn!(error = %e, "renewing the reconciler lease failed");
                 }
             }
@@ -121,12 +124,7 @@ async fn pass(app: &Arc<App>) -> Result<(), ApiError> {
     for (o, unhealthy) in observed.into_iter().zip(unhealthy) {
         let s = &o.session;
         let in_flight = s.status == Status::Creating
-            && (local.contains(&s.id)
-                || app
-                    .store
-                    .lease_holder(&App::bringup_lease(&s.id), now)
-                    .await?
-                    .is_some());
+            && (local.contains(&s.id) || app.store.lease_holder(&App::bringup_lease(&s.id), now).await?.is_some());
         match lifecycle::decide(s, now, create_ms, in_flight, o.liveness.clone(), unhealthy) {
             Action::Nothing => {}
             Action::Fail(reason) => {
@@ -184,7 +182,10 @@ async fn pass(app: &Arc<App>) -> Result<(), ApiError> {
     let retention = i64::try_from(app.config.audit_retention.as_millis()).unwrap_or(i64::MAX);
     let pruned = app.store.prune_audit(now.saturating_sub(retention)).await?;
     if pruned > 0 {
-        tracing::info!(events = pruned, "reconcile: pruned audit events past LAP_AUDIT_RETENTION");
+        tracing::info!(
+            events = pruned,
+            "reconcile: pruned audit events past LAP_AUDIT_RETENTION"
+        );
     }
     app.backend.prune_logs(app.config.audit_retention).await;
     Ok(())
@@ -226,7 +227,12 @@ fn sweep_in_background(app: &Arc<App>) {
                 .into_iter()
                 .map(|s| s.id)
                 .collect();
-            keep.extend(app.in_flight.lock().map(|f| f.keys().cloned().collect::<Vec<_>>()).unwrap_or_default());
+            keep.extend(
+                app.in_flight
+                    .lock()
+                    .map(|f| f.keys().cloned().collect::<Vec<_>>())
+                    .unwrap_or_default(),
+            );
             Ok(keep)
         }
         .await;

@@ -497,7 +497,12 @@ impl Store {
     }
 
     /// Audit events matching `f`, oldest first, and how many match in all.
-    pub async fn list_audit(&self, f: &AuditFilter, limit: i64, offset: i64) -> Result<(Vec<AuditRow>, i64), StoreError> {
+    pub async fn list_audit(
+        &self,
+        f: &AuditFilter,
+        limit: i64,
+        offset: i64,
+    ) -> Result<(Vec<AuditRow>, i64), StoreError> {
         // Every filter is optional: `$n IS NULL OR column = $n` keeps one statement.
         let clause = "WHERE ($1 IS NULL OR session_id = $1) AND ($2 IS NULL OR agent_id = $2) \
                       AND ($3 IS NULL OR secrets LIKE $3 ESCAPE '\\') AND ($4 IS NULL OR kind = $4 OR kind LIKE $5 ESCAPE '\\')";

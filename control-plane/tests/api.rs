@@ -461,10 +461,21 @@ async fn postgres_all() {
 async fn bad_values_and_oversized_bodies_get_json_errors() {
     let h = setup(None).await;
     let r = &h.router;
-    let (s, agent) = call(r, "POST", &format!("{A}/agents"), Some(json!({"name": unique("v"), "harness_id": "claude-code"}))).await;
+    let (s, agent) = call(
+        r,
+        "POST",
+        &format!("{A}/agents"),
+        Some(json!({"name": unique("v"), "harness_id": "claude-code"})),
+    )
+    .await;
     assert_eq!(s, StatusCode::CREATED, "{agent}");
     let aid = agent["id"].as_str().unwrap();
-    for bad in ["sk-ant-api03-REAL\r\nX-Injected: 1", "sk-ant-api03-REAL\n", "sk-ant\0api03", "sk-ant-api03-ünicode"] {
+    for bad in [
+        "sk-ant-api03-REAL\r\nX-Injected: 1",
+        "sk-ant-api03-REAL\n",
+        "sk-ant\0api03",
+        "sk-ant-api03-ünicode",
+    ] {
         let (s, v) = call(
             r,
             "POST",
@@ -474,7 +485,10 @@ async fn bad_values_and_oversized_bodies_get_json_errors() {
         .await;
         assert_eq!(s, StatusCode::BAD_REQUEST, "{bad:?}: {v}");
         let msg = v["error"].as_str().unwrap_or_else(|| panic!("JSON error: {v}"));
-        assert!(msg.contains("ANTHROPIC_API_KEY") && msg.contains("printable ASCII"), "{msg}");
+        assert!(
+            msg.contains("ANTHROPIC_API_KEY") && msg.contains("printable ASCII"),
+            "{msg}"
+        );
     }
     let (s, v) = call(
         r,

@@ -69,14 +69,19 @@ async fn wait_status(server: &LapServer, sid: &str, want: &[&str], timeout: Dura
         if want.iter().any(|w| v["status"] == *w) {
             return v;
         }
-        assert!(Instant::now() < deadline, "session never became {want:?} within {timeout:?}: {v}");
+        assert!(
+            Instant::now() < deadline,
+            "session never became {want:?} within {timeout:?}: {v}"
+        );
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
 }
 
 /// The audit events matching `query` (`GET /api/v1/audit?…`).
 async fn audit(server: &LapServer, query: &str) -> Vec<Value> {
-    let (s, v) = server.call("GET", &format!("/api/v1/audit?{query}&limit=500"), None).await;
+    let (s, v) = server
+        .call("GET", &format!("/api/v1/audit?{query}&limit=500"), None)
+        .await;
     assert_eq!(s, 200, "{v}");
     v["data"].as_array().unwrap().clone()
 }
@@ -103,8 +108,7 @@ async fn metric(url: &str, name: &str) -> Option<u64> {
         .text()
         .await
         .ok()?;
-    text.lines()
-        .find_map(|l| l.strip_prefix(name)?.trim().parse().ok())
+    text.lines().find_map(|l| l.strip_prefix(name)?.trim().parse().ok())
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -135,11 +139,14 @@ async fn two_replicas_twenty_creates(database_url: Option<String>) {
         create(server, &aid, body.clone())
     }))
     .await;
-    let settled = futures_util::future::join_all(
-        ids.iter()
-            .enumerate()
-            .map(|(i, id)| wait_status(if i % 3 == 0 { &a } else { &b }, id, &["ready", "failed", "dead"], Duration::from_secs(180))),
-    )
+    let settled = futures_util::future::join_all(ids.iter().enumerate().map(|(i, id)| {
+        wait_status(
+            if i % 3 == 0 { &a } else { &b },
+            id,
+            &["ready", "failed", "dead"],
+            Duration::from_secs(180),
+        )
+    }))
     .await;
     for v in &settled {
         assert_eq!(v["status"], "ready", "a session was failed: {v}");
@@ -181,10 +188,20 @@ fn fresh_postgres_database(tag: &str) -> String {
     );
     let name = format!("lap_{tag}_{}", std::process::id());
     let out = std::process::Command::new("psql")
-        .args([url.as_str(), "-v", "ON_ERROR_STOP=1", "-c", &format!("CREATE DATABASE {name}")])
+        .args([
+            url.as_str(),
+            "-v",
+            "ON_ERROR_STOP=1",
+            "-c",
+            &format!("CREATE DATABASE {name}"),
+        ])
         .output()
         .expect("psql (Debian's postgresql-client) is required");
-    assert!(out.status.success(), "CREATE DATABASE: {}", String::from_utf8_lossy(&out.stderr));
+    assert!(
+        out.status.success(),
+        "CREATE DATABASE: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
     let (base, _) = url.rsplit_once('/').unwrap();
     format!("{base}/{name}")
 }
@@ -204,7 +221,11 @@ fn reconciler_lease(db: &Path) -> Option<(String, i64)> {
     let script = "import sqlite3,sys\n\
                   r=sqlite3.connect(sys.argv[1]).execute(\"select holder, expires_at from leases where name='reconciler'\").fetchone()\n\
                   print('' if r is None else f'{r[0]} {r[1]}')";
-    let out = std::process::Command::new("python3").args(["-c", script]).arg(db).output().unwrap();
+    let out = std::process::Command::new("python3")
+        .args(["-c", script])
+        .arg(db)
+        .output()
+        .unwrap();
     assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
     let text = String::from_utf8(out.stdout).unwrap();
     let (holder, expires) = text.trim().split_once(' ')?;
@@ -229,13 +250,20 @@ async fn p02_kill_9_mid_pass_then_the_restarted_server_reconciles_within_5s() {
         ("PATH", path_with_fake_claude(tmp.path())),
         ("LAP_RECONCILE_INTERVAL", "100ms".to_owned()),
     ];
-    let port = std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port();
+    let port = std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port();
     let server = LapServer::start_on(port, &data, &env).await;
     let aid = agent(&server, "p02").await;
     let kept = create(&server, &aid, json!({})).await;
     let slow = create(&server, &aid, json!({})).await;
     for sid in [&kept, &slow] {
-        assert_eq!(wait_status(&server, sid, &["ready", "failed"], Duration::from_secs(60)).await["status"], "ready");
+        assert_eq!(
+            wait_status(&server, sid, &["ready", "failed"], Duration::from_secs(60)).await["status"],
+            "ready"
+        );
     }
     // A harness that stops answering makes every pass wait out its probe (2 s): passes are
     // long, so the kill lands inside one.
@@ -246,7 +274,10 @@ async fn p02_kill_9_mid_pass_then_the_restarted_server_reconciles_within_5s() {
     server.kill().await;
     let killed_at = now_ms();
     let (holder, expires) = reconciler_lease(&data.join("lap.db")).expect("a reconciler lease row");
-    assert!(expires > killed_at, "the kill landed between passes (lease {holder} expired at {expires})");
+    assert!(
+        expires > killed_at,
+        "the kill landed between passes (lease {holder} expired at {expires})"
+    );
     // The harness goes on; what is left of the crash is the dead replica's lease.
     nix::sys::signal::kill(nix::unistd::Pid::from_raw(harness), nix::sys::signal::Signal::SIGCONT).unwrap();
 
@@ -309,7 +340,9 @@ async fn p04_delete_of_a_creating_session_ends_its_processes_within_1s() {
         .call(
             "POST",
             &format!("{A}/agents"),
-            Some(json!({"name": "p04", "harness_id": "claude-code", "repo_url": "https://github.com/lap-test/slow.git"})),
+            Some(
+                json!({"name": "p04", "harness_id": "claude-code", "repo_url": "https://github.com/lap-test/slow.git"}),
+            ),
         )
         .await;
     assert_eq!(s, 201, "{v}");
@@ -324,7 +357,10 @@ async fn p04_delete_of_a_creating_session_ends_its_processes_within_1s() {
         if pids.len() == 3 && pids.iter().all(|p| exists(*p)) && v["phase"] == "cloning_repo" {
             break pids;
         }
-        assert!(Instant::now() < deadline, "the sandbox never started cloning: {pids:?} {v}");
+        assert!(
+            Instant::now() < deadline,
+            "the sandbox never started cloning: {pids:?} {v}"
+        );
         tokio::time::sleep(Duration::from_millis(50)).await;
     };
     let harness = support::server::sandbox_harness_pid(&private);
@@ -363,7 +399,10 @@ async fn p05_delete_of_an_agent_with_a_ready_session_is_refused_or_stops_it() {
     let server = LapServer::start(&tmp.path().join("data"), &[("PATH", path_with_fake_claude(tmp.path()))]).await;
     let aid = agent(&server, "p05").await;
     let sid = create(&server, &aid, json!({})).await;
-    assert_eq!(wait_status(&server, &sid, &["ready", "failed"], Duration::from_secs(60)).await["status"], "ready");
+    assert_eq!(
+        wait_status(&server, &sid, &["ready", "failed"], Duration::from_secs(60)).await["status"],
+        "ready"
+    );
     let pids = sandbox_pids(&server.private_dir(&sid));
 
     let (s, v) = server.call("DELETE", &format!("{A}/agents/{aid}"), None).await;
@@ -381,13 +420,19 @@ async fn p05_delete_of_an_agent_with_a_ready_session_is_refused_or_stops_it() {
     assert_eq!(server.call("GET", &format!("{A}/agents/{aid}"), None).await.0, 404);
     let deadline = Instant::now() + Duration::from_secs(15);
     while pids.iter().any(|p| exists(*p)) {
-        assert!(Instant::now() < deadline, "the stopped session's processes remain: {pids:?}");
+        assert!(
+            Instant::now() < deadline,
+            "the stopped session's processes remain: {pids:?}"
+        );
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
     let deletes = audit(&server, &format!("session_id={sid}&kind=session.delete")).await;
     assert_eq!(deletes.len(), 1, "{deletes:?}");
     assert_eq!(deletes[0]["detail"]["reason"], "agent deleted");
-    assert_eq!(audit(&server, &format!("agent_id={aid}&kind=agent.delete")).await.len(), 1);
+    assert_eq!(
+        audit(&server, &format!("agent_id={aid}&kind=agent.delete")).await.len(),
+        1
+    );
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -404,29 +449,54 @@ async fn p06_interceptions_and_the_audit_outlive_the_session_and_a_restart() {
         ("PATH", path_with_fake_claude(tmp.path())),
         ("LAP_SIDECAR_BASE_CONFIG", base_config(tmp.path(), &standin)),
     ];
-    let port = std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port();
+    let port = std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port();
     let mut server = LapServer::start_on(port, &data, &env).await;
     let aid = agent(&server, "p06").await;
     let sid = create(&server, &aid, json!({"env_vars": {"ANTHROPIC_API_KEY": real}})).await;
-    assert_eq!(wait_status(&server, &sid, &["ready", "failed"], Duration::from_secs(60)).await["status"], "ready");
+    assert_eq!(
+        wait_status(&server, &sid, &["ready", "failed"], Duration::from_secs(60)).await["status"],
+        "ready"
+    );
     let (s, v) = server
-        .call("POST", &format!("{A}/sessions/{sid}/message"), Some(json!({"text": "hello"})))
+        .call(
+            "POST",
+            &format!("{A}/sessions/{sid}/message"),
+            Some(json!({"text": "hello"})),
+        )
         .await;
     assert_eq!(s, 200, "{v}");
-    assert!(v.to_string().contains("api:authorized"), "the request went through the vault: {v}");
+    assert!(
+        v.to_string().contains("api:authorized"),
+        "the request went through the vault: {v}"
+    );
     let (s, v) = server.call("DELETE", &format!("{A}/sessions/{sid}"), None).await;
     assert_eq!((s, v["status"].clone()), (200, json!("dead")), "{v}");
-    assert!(server.terminate().await.is_some_and(|e| e.success()), "SIGTERM: a clean exit");
+    assert!(
+        server.terminate().await.is_some_and(|e| e.success()),
+        "SIGTERM: a clean exit"
+    );
     drop(server);
 
     let server = LapServer::start_on(port, &data, &env).await;
-    let (s, v) = server.call("GET", &format!("{A}/sessions/{sid}/interceptions"), None).await;
+    let (s, v) = server
+        .call("GET", &format!("{A}/sessions/{sid}/interceptions"), None)
+        .await;
     assert_eq!(s, 200, "{v}");
-    let events = v["data"].as_array().or_else(|| v.as_array()).unwrap_or_else(|| panic!("{v}"));
+    let events = v["data"]
+        .as_array()
+        .or_else(|| v.as_array())
+        .unwrap_or_else(|| panic!("{v}"));
     let injected: Vec<&Value> = events
         .iter()
         .filter(|e| {
-            e["host"] == "api.anthropic.com" && e["injected"].as_array().is_some_and(|i| i.iter().any(|x| x["secret"] == "ANTHROPIC_API_KEY"))
+            e["host"] == "api.anthropic.com"
+                && e["injected"]
+                    .as_array()
+                    .is_some_and(|i| i.iter().any(|x| x["secret"] == "ANTHROPIC_API_KEY"))
         })
         .collect();
     assert_eq!(injected.len(), 1, "one injected request, kept: {v}");
@@ -438,7 +508,11 @@ async fn p06_interceptions_and_the_audit_outlive_the_session_and_a_restart() {
         .map(|e| e["kind"].as_str().unwrap().to_owned())
         .collect();
     for kind in ["session.create", "session.message", "session.delete", "interception"] {
-        assert_eq!(kinds.iter().filter(|k| *k == kind).count(), 1, "{kind} once in {kinds:?}");
+        assert_eq!(
+            kinds.iter().filter(|k| *k == kind).count(),
+            1,
+            "{kind} once in {kinds:?}"
+        );
     }
     for e in audit(&server, &format!("session_id={sid}")).await {
         assert!(!e["time"].as_str().unwrap().is_empty(), "{e}");

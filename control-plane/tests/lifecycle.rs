@@ -268,9 +268,16 @@ async fn registry_rotation_and_session_env_vars_reach_the_vault() {
     let (s, v) = server.call("DELETE", "/api/v1/secrets/ANTHROPIC_API_KEY", None).await;
     assert_eq!(s, 204, "{v}");
     let (_, r) = message(&server, &sid, "after-delete").await;
-    assert_eq!(r["parts"][0]["text"], "echo:after-delete api:rejected resume:fake-conv-1", "{r}");
+    assert_eq!(
+        r["parts"][0]["text"], "echo:after-delete api:rejected resume:fake-conv-1",
+        "{r}"
+    );
     let (_, audit) = server.call("GET", "/api/v1/audit?kind=secret.delete", None).await;
-    assert_eq!(audit["data"][0]["detail"]["revoked_from_sessions"], json!([sid]), "{audit}");
+    assert_eq!(
+        audit["data"][0]["detail"]["revoked_from_sessions"],
+        json!([sid]),
+        "{audit}"
+    );
 
     // An agent's own env_vars, patched: the running session gets the new value.
     let (s, agent) = server
@@ -282,14 +289,23 @@ async fn registry_rotation_and_session_env_vars_reach_the_vault() {
         .await;
     assert_eq!(s, 201, "{agent}");
     let aid = agent["id"].as_str().unwrap();
-    let (s, session) = server.call("POST", &format!("{A}/agents/{aid}/session"), Some(json!({}))).await;
+    let (s, session) = server
+        .call("POST", &format!("{A}/agents/{aid}/session"), Some(json!({})))
+        .await;
     assert_eq!(s, 201, "{session}");
     let asid = session["id"].as_str().unwrap().to_owned();
-    assert_eq!(server.wait_settled(&asid, Duration::from_secs(60)).await["status"], "ready");
+    assert_eq!(
+        server.wait_settled(&asid, Duration::from_secs(60)).await["status"],
+        "ready"
+    );
     let (_, r) = message(&server, &asid, "a").await;
     assert_eq!(r["parts"][0]["text"], "echo:a api:rejected resume:none", "{r}");
     let (s, v) = server
-        .call("PATCH", &format!("{A}/agents/{aid}"), Some(json!({"env_vars": {"ANTHROPIC_API_KEY": real}})))
+        .call(
+            "PATCH",
+            &format!("{A}/agents/{aid}"),
+            Some(json!({"env_vars": {"ANTHROPIC_API_KEY": real}})),
+        )
         .await;
     assert_eq!(s, 200, "{v}");
     let (_, r) = message(&server, &asid, "b").await;

@@ -110,7 +110,10 @@ mod tests {
         let v = HeaderValue::from_static("gzip, identity, br");
         assert_eq!(codings(&v).unwrap(), vec![Coding::Gzip, Coding::Br]);
         assert_eq!(codings(&HeaderValue::from_static("ZSTD")).unwrap(), vec![Coding::Zstd]);
-        assert_eq!(codings(&HeaderValue::from_static("compress")).unwrap_err(), "the content coding `compress`");
+        assert_eq!(
+            codings(&HeaderValue::from_static("compress")).unwrap_err(),
+            "the content coding `compress`"
+        );
     }
 
     #[test]
@@ -136,7 +139,11 @@ mod tests {
             .map(|c| Ok(hyper::body::Frame::data(Bytes::copy_from_slice(c))))
             .collect();
         let body = http_body_util::StreamBody::new(futures_util::stream::iter(chunks)).boxed_unsync();
-        let out = decoded(body, &[Coding::Gzip, Coding::Deflate]).collect().await.unwrap().to_bytes();
+        let out = decoded(body, &[Coding::Gzip, Coding::Deflate])
+            .collect()
+            .await
+            .unwrap()
+            .to_bytes();
         assert_eq!(&out[..], &original[..]);
     }
 }

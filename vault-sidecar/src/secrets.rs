@@ -120,10 +120,7 @@ pub fn value_forms(value: &[u8], stub: &[u8]) -> Vec<(Vec<u8>, Vec<u8>)> {
     }
     for engine in [&STANDARD_NO_PAD, &URL_SAFE_NO_PAD] {
         for align in 0..3 {
-            forms.push((
-                base64_middle(engine, value, align),
-                base64_middle(engine, stub, align),
-            ));
+            forms.push((base64_middle(engine, value, align), base64_middle(engine, stub, align)));
         }
     }
     for upper in [true, false] {
@@ -380,21 +377,40 @@ mod tests {
             for engine in [&STANDARD, &URL_SAFE_NO_PAD] {
                 let encoded = engine.encode(format!("{prefix}{value}:tail"));
                 let out = redact(encoded.as_bytes());
-                assert_ne!(out, encoded.as_bytes(), "offset {}: not found in {encoded}", prefix.len());
+                assert_ne!(
+                    out,
+                    encoded.as_bytes(),
+                    "offset {}: not found in {encoded}",
+                    prefix.len()
+                );
                 let lenient = base64::engine::GeneralPurpose::new(
-                    if std::ptr::eq(engine, &STANDARD) { &base64::alphabet::STANDARD } else { &base64::alphabet::URL_SAFE },
+                    if std::ptr::eq(engine, &STANDARD) {
+                        &base64::alphabet::STANDARD
+                    } else {
+                        &base64::alphabet::URL_SAFE
+                    },
                     base64::engine::GeneralPurposeConfig::new()
                         .with_decode_allow_trailing_bits(true)
                         .with_decode_padding_mode(base64::engine::DecodePaddingMode::Indifferent),
                 );
                 let decoded = lenient.decode(&out).unwrap_or_default();
-                assert!(!decoded.windows(value.len()).any(|w| w == value.as_bytes()), "{encoded}");
+                assert!(
+                    !decoded.windows(value.len()).any(|w| w == value.as_bytes()),
+                    "{encoded}"
+                );
             }
         }
-        assert_eq!(redact(STANDARD.encode(value).as_bytes()), STANDARD.encode(stub).as_bytes());
+        assert_eq!(
+            redact(STANDARD.encode(value).as_bytes()),
+            STANDARD.encode(stub).as_bytes()
+        );
         let percent = "sk-ant-api03-R%2FE%2BA%3FL%22key";
         assert_eq!(redact(percent.as_bytes()), stub.as_bytes());
-        assert_eq!(redact("sk-ant-api03-R%2fE%2bA%3fL%22key".as_bytes()), stub.as_bytes(), "lowercase hex");
+        assert_eq!(
+            redact("sk-ant-api03-R%2fE%2bA%3fL%22key".as_bytes()),
+            stub.as_bytes(),
+            "lowercase hex"
+        );
         let json = r#"{"k":"sk-ant-api03-R\/E+A?L\"key"}"#;
         assert_eq!(redact(json.as_bytes()), format!(r#"{{"k":"{stub}"}}"#).as_bytes());
     }

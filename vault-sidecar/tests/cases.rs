@@ -518,7 +518,11 @@ async fn k09_encoded_responses_decode_to_the_same_bytes() {
                 .run()
                 .await
                 .ok();
-            assert_eq!(direct.header("content-encoding"), Some(enc), "test premise: {enc} {proto}");
+            assert_eq!(
+                direct.header("content-encoding"),
+                Some(enc),
+                "test premise: {enc} {proto}"
+            );
             assert_eq!(String::from_utf8_lossy(&direct.body), want, "direct {enc} {proto}");
             // Without --compressed: the bytes as the proxy sent them.
             let via = h
@@ -530,7 +534,11 @@ async fn k09_encoded_responses_decode_to_the_same_bytes() {
                 .await
                 .ok();
             assert_eq!(via.status, 200);
-            assert_eq!(String::from_utf8_lossy(&via.body), want, "{enc} {proto}: decoded bytes differ");
+            assert_eq!(
+                String::from_utf8_lossy(&via.body),
+                want,
+                "{enc} {proto}: decoded bytes differ"
+            );
             assert_eq!(via.header("content-encoding"), None, "{enc} {proto}");
             if let Some(len) = via.header("content-length") {
                 assert_eq!(len, via.body.len().to_string(), "{enc} {proto}: a stale Content-Length");

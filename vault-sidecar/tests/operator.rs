@@ -148,7 +148,9 @@ async fn compressed_reflections_reach_the_client_decoded_and_redacted() {
     let stored = String::from_utf8_lossy(&{
         use std::io::Read as _;
         let mut s = Vec::new();
-        flate2::read::GzDecoder::new(&up.gzip_bytes()[..]).read_to_end(&mut s).unwrap();
+        flate2::read::GzDecoder::new(&up.gzip_bytes()[..])
+            .read_to_end(&mut s)
+            .unwrap();
         s
     })
     .replace(ANTHROPIC_REAL, ANTHROPIC_STUB);
@@ -171,7 +173,11 @@ async fn compressed_reflections_reach_the_client_decoded_and_redacted() {
                 .await
                 .ok();
             assert_eq!(out.status, 200, "{proto} {route}");
-            assert_eq!(out.header("content-encoding"), None, "{proto} {route}: identity toward the client");
+            assert_eq!(
+                out.header("content-encoding"),
+                None,
+                "{proto} {route}: identity toward the client"
+            );
             let body = String::from_utf8_lossy(&out.body);
             assert_eq!(&body, want, "{proto} {route}");
             assert!(!body.contains(ANTHROPIC_REAL));
@@ -183,7 +189,10 @@ async fn compressed_reflections_reach_the_client_decoded_and_redacted() {
             .run()
             .await
             .ok();
-        assert_eq!(out.status, 502, "{proto}: an encoding the vault cannot decode is not relayed");
+        assert_eq!(
+            out.status, 502,
+            "{proto}: an encoding the vault cannot decode is not relayed"
+        );
         assert_eq!(out.header("x-vault-error"), Some("undecodable-encoding"));
         assert!(!String::from_utf8_lossy(&out.body).contains(ANTHROPIC_REAL));
     }
@@ -227,16 +236,32 @@ async fn encoded_forms_of_a_reflected_value_are_redacted() {
         let lenient = lenient_in(&base64::alphabet::STANDARD);
         let b64 = lenient.decode(v["b64"].as_str().unwrap()).unwrap();
         assert_eq!(String::from_utf8_lossy(&b64), ANTHROPIC_STUB, "{proto}: {v}");
-        let b64url = lenient_in(&base64::alphabet::URL_SAFE).decode(v["b64url"].as_str().unwrap()).unwrap();
+        let b64url = lenient_in(&base64::alphabet::URL_SAFE)
+            .decode(v["b64url"].as_str().unwrap())
+            .unwrap();
         assert_eq!(String::from_utf8_lossy(&b64url), ANTHROPIC_STUB, "{proto}: {v}");
         // The inner token decodes (leniently) to no trace of the value.
         let inner = v["b64_inner"].as_str().unwrap();
         let decoded = lenient.decode(inner).unwrap_or_default();
-        assert!(!decoded.windows(ANTHROPIC_REAL.len()).any(|w| w == ANTHROPIC_REAL.as_bytes()), "{proto}: {inner}");
-        assert!(!out.body.windows(ANTHROPIC_REAL.len()).any(|w| w == ANTHROPIC_REAL.as_bytes()));
+        assert!(
+            !decoded
+                .windows(ANTHROPIC_REAL.len())
+                .any(|w| w == ANTHROPIC_REAL.as_bytes()),
+            "{proto}: {inner}"
+        );
+        assert!(!out
+            .body
+            .windows(ANTHROPIC_REAL.len())
+            .any(|w| w == ANTHROPIC_REAL.as_bytes()));
         let location = out.header("location").unwrap();
-        assert!(location.contains(&support::ops::percent(ANTHROPIC_STUB)), "{proto}: {location}");
-        assert!(!location.contains(&support::ops::percent(ANTHROPIC_REAL)), "{proto}: {location}");
+        assert!(
+            location.contains(&support::ops::percent(ANTHROPIC_STUB)),
+            "{proto}: {location}"
+        );
+        assert!(
+            !location.contains(&support::ops::percent(ANTHROPIC_REAL)),
+            "{proto}: {location}"
+        );
     }
 }
 

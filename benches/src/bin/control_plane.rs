@@ -42,7 +42,11 @@ struct Args {
 
 async fn agent(server: &LapServer) -> Result<String> {
     let a = server
-        .call(Method::POST, "/agents", Some(json!({"name": "bench", "harness_id": "claude-code"})))
+        .call(
+            Method::POST,
+            "/agents",
+            Some(json!({"name": "bench", "harness_id": "claude-code"})),
+        )
         .await?;
     Ok(a["id"].as_str().context("agent id")?.to_owned())
 }
@@ -52,9 +56,14 @@ async fn agent(server: &LapServer) -> Result<String> {
 fn harness_pid(data: &std::path::Path, sid: &str) -> Result<i32> {
     let procs: Vec<serde_json::Value> =
         serde_json::from_slice(&std::fs::read(data.join("sandboxes").join(sid).join("pids.json"))?)?;
-    let init = procs.get(1).and_then(|p| p["pid"].as_i64()).context("the sandbox's init in pids.json")?;
+    let init = procs
+        .get(1)
+        .and_then(|p| p["pid"].as_i64())
+        .context("the sandbox's init in pids.json")?;
     for e in std::fs::read_dir("/proc")?.flatten() {
-        let Ok(pid) = e.file_name().to_string_lossy().parse::<i32>() else { continue };
+        let Ok(pid) = e.file_name().to_string_lossy().parse::<i32>() else {
+            continue;
+        };
         let stat = std::fs::read_to_string(e.path().join("stat")).unwrap_or_default();
         let ppid = stat
             .rfind(')')
@@ -68,7 +77,11 @@ fn harness_pid(data: &std::path::Path, sid: &str) -> Result<i32> {
 }
 
 fn signal(pid: i32, sig: &str) -> Result<()> {
-    let ok = std::process::Command::new("kill").arg(format!("-{sig}")).arg(pid.to_string()).status()?.success();
+    let ok = std::process::Command::new("kill")
+        .arg(format!("-{sig}"))
+        .arg(pid.to_string())
+        .status()?
+        .success();
     ensure!(ok, "kill -{sig} {pid}");
     Ok(())
 }
@@ -115,12 +128,10 @@ async fn main() -> Result<()> {
         ready_ms.push(ms);
     }
     ready_ms.sort_by(f64::total_cmp);
-    for r in futures_util::future::join_all(
-        ids.iter().map(|sid| {
-            let server = &server;
-            async move { server.call(Method::DELETE, &format!("/sessions/{sid}"), None).await }
-        }),
-    )
+    for r in futures_util::future::join_all(ids.iter().map(|sid| {
+        let server = &server;
+        async move { server.call(Method::DELETE, &format!("/sessions/{sid}"), None).await }
+    }))
     .await
     {
         r?;
@@ -128,7 +139,10 @@ async fn main() -> Result<()> {
     drop(server);
 
     // 2. kill -9, restart at once, until the first finished pass.
-    eprintln!("{} kill -9 / restart rounds with {} ready sessions…", args.restarts, args.ready);
+    eprintln!(
+        "{} kill -9 / restart rounds with {} ready sessions…",
+        args.restarts, args.ready
+    );
     let data = dir.path().join("data-restarts");
     let port = free_port()?;
     let mut server = LapServer::start(&bins, &data, port, &env("100ms")).await?;
@@ -159,11 +173,18 @@ async fn main() -> Result<()> {
             if server.metric("lap_reconcile_passes_total").await.unwrap_or(0) >= 1 {
                 break;
             }
-            ensure!(t.elapsed() < Duration::from_secs(60), "no reconcile pass within 60 s of a restart");
+            ensure!(
+                t.elapsed() < Duration::from_secs(60),
+                "no reconcile pass within 60 s of a restart"
+            );
             tokio::time::sleep(Duration::from_millis(5)).await;
         }
         let ms = t.elapsed().as_secs_f64() * 1000.0;
-        if mid { mid_ms.push(ms) } else { between_ms.push(ms) }
+        if mid {
+            mid_ms.push(ms)
+        } else {
+            between_ms.push(ms)
+        }
     }
     // Two failed probes end the stalled session; the others survived every restart.
     for sid in &ids[1..] {

@@ -939,7 +939,13 @@ impl SandboxBackend for KubernetesBackend {
         if d.claim.is_some() {
             // A warm session's secrets live only in its vault: revoke there.
             let url = format!("{}/secrets/{name}", handle.sidecar_admin_url);
-            return match self.http.delete(&url).bearer_auth(&handle.sidecar_admin_token).send().await {
+            return match self
+                .http
+                .delete(&url)
+                .bearer_auth(&handle.sidecar_admin_token)
+                .send()
+                .await
+            {
                 Ok(r) if r.status().is_success() || r.status() == reqwest::StatusCode::NOT_FOUND => Ok(()),
                 Ok(r) => Err(failed(format!("the vault refused the revocation ({})", r.status()))),
                 Err(e) => Err(failed(format!("the vault cannot be reached for the revocation: {e}"))),

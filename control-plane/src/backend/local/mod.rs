@@ -205,7 +205,10 @@ fn harness_failure(path: &Path, ended: &str) -> String {
     if text.lines().any(|l| l.starts_with("bwrap:")) {
         return bwrap::failure_reason(&text);
     }
-    format!("the harness exited during start-up{ended}; its log ends:\n{}", log_tail(path, 5))
+    format!(
+        "the harness exited during start-up{ended}; its log ends:\n{}",
+        log_tail(path, 5)
+    )
 }
 
 /// `bwrap` on `PATH`.
@@ -987,7 +990,9 @@ impl SandboxBackend for LocalBackend {
         if !r.status().is_success() && r.status() != reqwest::StatusCode::NOT_FOUND {
             let status = r.status();
             let text = r.text().await.unwrap_or_default();
-            return Err(failed(format!("the vault sidecar refused to revoke ({status}): {text}")));
+            return Err(failed(format!(
+                "the vault sidecar refused to revoke ({status}): {text}"
+            )));
         }
         Ok(())
     }
@@ -1163,7 +1168,10 @@ mod tests {
             "noise\nlap-harness: fatal: the `claude` CLI is not installed\nmore\n",
         )
         .unwrap();
-        assert_eq!(harness_failure(&p, " (exit status: 3)"), "the `claude` CLI is not installed");
+        assert_eq!(
+            harness_failure(&p, " (exit status: 3)"),
+            "the `claude` CLI is not installed"
+        );
         std::fs::write(&p, "bwrap: No permissions to creating new namespace\n").unwrap();
         assert!(harness_failure(&p, "").contains("user namespaces"));
         std::fs::write(&p, "one\ntwo\npanicked at x\n").unwrap();
