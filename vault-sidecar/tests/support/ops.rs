@@ -31,7 +31,7 @@ use tokio::sync::Notify;
 use tokio::task::JoinHandle;
 
 use super::{
-    free_port, raw_get, Curl, SecretSpec, SidecarConfig, ANTHROPIC_REAL, ANTHROPIC_STUB, GITHUB_REAL, GITHUB_STUB,
+    free_port_pair, raw_get, Curl, SecretSpec, SidecarConfig, ANTHROPIC_REAL, ANTHROPIC_STUB, GITHUB_REAL, GITHUB_STUB,
     SIDECAR_BIN,
 };
 
@@ -478,8 +478,7 @@ impl Drop for OwnSidecar {
 impl OwnSidecar {
     pub async fn start(cfg: &SidecarConfig, root_keys: &str) -> OwnSidecar {
         let dir = tempfile::tempdir().expect("tempdir");
-        let proxy = free_port();
-        let admin = free_port();
+        let (proxy, admin) = free_port_pair();
         let ca_path = dir.path().join("ca.pem");
         let config_path = dir.path().join("sidecar.toml");
         let text = format!("{root_keys}\n{}", cfg.to_toml(proxy, admin, &ca_path));

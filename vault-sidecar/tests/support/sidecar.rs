@@ -173,6 +173,15 @@ pub fn free_port() -> SocketAddr {
     l.local_addr().expect("local addr")
 }
 
+/// Two distinct free loopback ports: both listeners are held while the second is picked, so the kernel
+/// cannot hand out the same port twice (two separate [`free_port`] calls can, and the sidecar then
+/// refuses `admin_listen` equal to `listen`).
+pub fn free_port_pair() -> (SocketAddr, SocketAddr) {
+    let a = StdListener::bind("127.0.0.1:0").expect("bind port 0");
+    let b = StdListener::bind("127.0.0.1:0").expect("bind port 0");
+    (a.local_addr().expect("local addr"), b.local_addr().expect("local addr"))
+}
+
 /// A running sidecar process; killed on drop.
 pub struct Sidecar {
     pub proxy: SocketAddr,
@@ -242,8 +251,7 @@ impl Sidecar {
 
     async fn try_start(cfg: &SidecarConfig) -> Result<Sidecar, (String, bool)> {
         let dir = tempfile::tempdir().expect("sidecar tempdir");
-        let listen = free_port();
-        let admin = free_port();
+        let (listen, admin) = free_port_pair();
         let ca_path = dir.path().join("ca.pem");
         let config_path = dir.path().join("sidecar.toml");
         std::fs::write(&config_path, cfg.to_toml(listen, admin, &ca_path)).expect("write config");

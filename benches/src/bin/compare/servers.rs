@@ -168,8 +168,10 @@ pub(crate) struct Sidecar {
 /// The vault sidecar from this build, holding one secret bound to the upstream (by name and by
 /// 127.0.0.1, the latter used only by the concurrent-mint check).
 pub(crate) fn sidecar(bin: &Path, dir: &Path, upstream_port: u16) -> Result<Sidecar> {
-    let proxy = SocketAddr::from(([127, 0, 0, 1], free_port()?));
-    let admin = SocketAddr::from(([127, 0, 0, 1], free_port()?));
+    // Both held while picked, so the two ports differ (the sidecar refuses admin_listen == listen).
+    let (proxy_l, admin_l) = (TcpListener::bind("127.0.0.1:0")?, TcpListener::bind("127.0.0.1:0")?);
+    let (proxy, admin) = (proxy_l.local_addr()?, admin_l.local_addr()?);
+    drop((proxy_l, admin_l));
     let d = dir.display();
     let conf = format!(
         r#"listen = "{proxy}"
