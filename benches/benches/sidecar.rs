@@ -9,10 +9,10 @@ use std::sync::Arc;
 use bytes::Bytes;
 use criterion::{criterion_group, criterion_main, Criterion, Throughput};
 use lap_benches::pki::UpstreamPki;
-use lap_vault_sidecar::hosts::{HostPattern, HostSet, TargetHost};
-use lap_vault_sidecar::rewrite::{HostRules, Injections};
-use lap_vault_sidecar::secrets::{Location, LocationSet, Secret, SecretSet};
-use lap_vault_sidecar::tls::{Ca, LeafCache};
+use lap_vault_sidecar::{Ca, LeafCache};
+use lap_vault_sidecar::{HostPattern, HostSet, TargetHost};
+use lap_vault_sidecar::{HostRules, Injections};
+use lap_vault_sidecar::{Location, LocationSet, Secret, SecretSet};
 
 fn secrets() -> SecretSet {
     let mut locations = LocationSet::default();
@@ -166,7 +166,7 @@ fn request(c: &mut Criterion) {
     ))
     .expect("sidecar config");
     let settings = lap_vault_sidecar::config::Settings::from_config(&config).expect("sidecar settings");
-    runtime.spawn(lap_vault_sidecar::proxy::run(settings));
+    runtime.spawn(lap_vault_sidecar::run(settings));
     let ca_path = dir.path().join("sidecar-ca.pem");
     let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
     while std::net::TcpStream::connect(listen).is_err() || !ca_path.exists() {

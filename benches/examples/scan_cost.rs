@@ -3,9 +3,9 @@
 //! it prints. Pushes 4 MiB of JSON lines holding no stub through a request-body rewriter.
 
 use bytes::Bytes;
-use lap_vault_sidecar::hosts::{HostPattern, HostSet, TargetHost};
-use lap_vault_sidecar::rewrite::HostRules;
-use lap_vault_sidecar::secrets::{Location, LocationSet, Secret, SecretSet};
+use lap_vault_sidecar::HostRules;
+use lap_vault_sidecar::{HostPattern, HostSet, TargetHost};
+use lap_vault_sidecar::{Location, LocationSet, Secret, SecretSet};
 
 fn main() {
     let mut locations = LocationSet::default();

@@ -103,7 +103,7 @@ fn validate_agent_spec(spec: &AgentSpec, env_vars: &BTreeMap<String, String>) ->
     }
     for (field, list) in [("allow_out", &spec.allow_out), ("deny_out", &spec.deny_out)] {
         for (i, h) in list.iter().enumerate() {
-            h.parse::<lap_vault_sidecar::hosts::HostPattern>()
+            h.parse::<lap_vault_sidecar::HostPattern>()
                 .map_err(|e| bad(format!("{field}[{i}]: {e}")))?;
         }
     }

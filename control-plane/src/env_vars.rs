@@ -6,7 +6,7 @@
 
 use std::collections::BTreeMap;
 
-use lap_vault_sidecar::hosts::HostPattern;
+use lap_vault_sidecar::HostPattern;
 use rand::Rng;
 
 /// At most this many keys per session.

@@ -29,14 +29,14 @@ use crate::config::{SecretSpec, SecretsFile};
 use crate::proxy::{AdminToken, Proxy, SecretsChangeError};
 
 /// Serve the admin API on `listener` until the process ends.
-pub async fn serve(proxy: Arc<Proxy>, listener: TcpListener) {
+pub(crate) async fn serve(proxy: Arc<Proxy>, listener: TcpListener) {
     if let Err(e) = axum::serve(listener, router(proxy)).await {
         tracing::error!(error = %e, "admin server stopped");
     }
 }
 
 /// The admin router (exposed for router tests).
-pub fn router(proxy: Arc<Proxy>) -> Router {
+pub(crate) fn router(proxy: Arc<Proxy>) -> Router {
     Router::new()
         .route("/healthz", get(|| async { "ok\n" }))
         .route("/readyz", get(readyz))

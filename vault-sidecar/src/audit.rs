@@ -14,18 +14,18 @@ use serde::Serialize;
 use crate::logwriter::BatchWriter;
 
 /// How many events `GET /interceptions` keeps.
-pub const AUDIT_CAPACITY: usize = 1000;
+pub(crate) const AUDIT_CAPACITY: usize = 1000;
 
 /// One injected secret.
 #[derive(Debug, Clone, Serialize, PartialEq, Eq)]
-pub struct Injected {
+pub(crate) struct Injected {
     pub secret: String,
     pub location: &'static str,
 }
 
 /// One intercepted request (SPEC §2.2 "Audit event").
 #[derive(Debug, Clone, Serialize)]
-pub struct AuditEvent {
+pub(crate) struct AuditEvent {
     /// This process's run id; set by [`AuditLog::record`].
     pub run: Arc<str>,
     /// Position in this run, from 1; set by [`AuditLog::record`].
@@ -53,7 +53,7 @@ pub struct AuditEvent {
 }
 
 /// `path?a=1&b=2` → `path?a=&b=`.
-pub fn path_without_query_values(pq: &str) -> String {
+pub(crate) fn path_without_query_values(pq: &str) -> String {
     match pq.split_once('?') {
         None => pq.to_owned(),
         Some((path, query)) => {
@@ -125,7 +125,7 @@ fn log(event: &AuditEvent) {
 
 /// The ring buffer behind `GET /interceptions`.
 #[derive(Debug)]
-pub struct AuditLog {
+pub(crate) struct AuditLog {
     run: Arc<str>,
     events: Mutex<(u64, VecDeque<AuditEvent>)>,
 }
@@ -145,7 +145,7 @@ impl Default for AuditLog {
 
 impl AuditLog {
     /// Number the event, log it as a JSON line and keep it.
-    pub fn record(&self, mut event: AuditEvent) {
+    pub(crate) fn record(&self, mut event: AuditEvent) {
         let mut guard = self.events.lock().unwrap_or_else(|p| p.into_inner());
         let (last, events) = &mut *guard;
         *last += 1;
@@ -159,17 +159,12 @@ impl AuditLog {
     }
 
     /// This process's run id (`X-Audit-Run` on `GET /interceptions`).
-    pub fn run(&self) -> &str {
+    pub(crate) fn run(&self) -> &str {
         &self.run
     }
 
-    /// Oldest first.
-    pub fn snapshot(&self) -> Vec<AuditEvent> {
-        self.after(0)
-    }
-
     /// The events kept whose `seq` is above `after`, oldest first.
-    pub fn after(&self, after: u64) -> Vec<AuditEvent> {
+    pub(crate) fn after(&self, after: u64) -> Vec<AuditEvent> {
         let guard = self.events.lock().unwrap_or_else(|p| p.into_inner());
         guard.1.iter().filter(|e| e.seq > after).cloned().collect()
     }
@@ -207,7 +202,7 @@ mod tests {
                 duration_us: 0,
             });
         }
-        let events = log.snapshot();
+        let events = log.after(0);
         assert_eq!(events.len(), AUDIT_CAPACITY);
         assert_eq!(events[0].status, 5);
         assert_eq!(events[0].seq, 6);

@@ -12,10 +12,11 @@ use http_body::{Body, Frame, SizeHint};
 use pin_project_lite::pin_project;
 
 use crate::rewrite::StreamRewriter;
+use crate::secrets::SecretSet;
 use crate::upstream::BoxError;
 
 /// Called once with the rewriter's hits (by pattern id) when the body ends or is dropped.
-pub type OnEnd = Box<dyn FnOnce(&[u64]) + Send>;
+pub(crate) type OnEnd = Box<dyn FnOnce(&[u64]) + Send>;
 
 pin_project! {
     /// A body passed through an optional [`StreamRewriter`], counting the bytes it yields.
@@ -25,6 +26,8 @@ pin_project! {
         rewriter: Option<StreamRewriter>,
         counter: Arc<AtomicU64>,
         trailers: Option<HeaderMap>,
+        // Trailer values with a real value get its stub (W03).
+        redact_trailers: Option<Arc<SecretSet>>,
         done: bool,
         on_end: Option<OnEnd>,
     }
@@ -41,14 +44,36 @@ pin_project! {
 }
 
 impl<B> StreamBody<B> {
-    pub fn new(inner: B, rewriter: Option<StreamRewriter>, counter: Arc<AtomicU64>, on_end: Option<OnEnd>) -> Self {
+    pub(crate) fn new(
+        inner: B,
+        rewriter: Option<StreamRewriter>,
+        counter: Arc<AtomicU64>,
+        on_end: Option<OnEnd>,
+    ) -> Self {
         Self {
             inner,
             rewriter,
             counter,
             trailers: None,
+            redact_trailers: None,
             done: false,
             on_end,
+        }
+    }
+
+    /// Redact real values in the trailers too (a response's trailers reach the client).
+    pub(crate) fn redacting_trailers(mut self, secrets: Arc<SecretSet>) -> Self {
+        self.redact_trailers = Some(secrets);
+        self
+    }
+}
+
+/// Replace real values in trailer values by their stubs.
+fn redact_trailers(secrets: &SecretSet, trailers: &mut HeaderMap) {
+    // A value that cannot be written redacted is not written at all (empty).
+    for (_, value) in trailers.iter_mut() {
+        if let Some(redacted) = crate::rewrite::redact_value(secrets, value.as_bytes()) {
+            *value = http::HeaderValue::from_bytes(&redacted).unwrap_or_else(|_| http::HeaderValue::from_static(""));
         }
     }
 }
@@ -84,6 +109,9 @@ where
                         // Trailers end the body: flush what the rewriter holds first.
                         *this.done = true;
                         *this.trailers = frame.into_trailers().ok();
+                        if let (Some(secrets), Some(t)) = (this.redact_trailers.as_ref(), this.trailers.as_mut()) {
+                            redact_trailers(secrets, t);
+                        }
                         if let Some(rest) = this.rewriter.as_mut().map(StreamRewriter::finish) {
                             if !rest.is_empty() {
                                 this.counter.fetch_add(rest.len() as u64, Ordering::Relaxed);
@@ -125,20 +153,20 @@ where
 
 /// After an early final response (a `401` before the upload ended, RFC 9110 §15.5.2), the rest of
 /// the client's request body is read and discarded for at most this long ...
-pub const DRAIN_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(30);
+pub(crate) const DRAIN_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(30);
 /// ... or this many bytes, so the client reads the response instead of a connection reset.
-pub const DRAIN_LIMIT: u64 = 64 << 20;
+pub(crate) const DRAIN_LIMIT: u64 = 64 << 20;
 
 /// A client request body that, when dropped unfinished (the upstream answered early), keeps
 /// reading and discarding what the client still sends, within [`DRAIN_TIMEOUT`] and
 /// [`DRAIN_LIMIT`]. Closing with unread bytes makes the kernel reset the connection, and clients
 /// (curl with `Expect: 100-continue`) then lose the final status.
-pub struct DrainOnDrop {
+pub(crate) struct DrainOnDrop {
     inner: Option<hyper::body::Incoming>,
 }
 
 impl DrainOnDrop {
-    pub fn new(inner: hyper::body::Incoming) -> Self {
+    pub(crate) fn new(inner: hyper::body::Incoming) -> Self {
         Self { inner: Some(inner) }
     }
 }

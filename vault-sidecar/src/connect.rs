@@ -85,7 +85,7 @@ pub fn is_self(target: &Target, own: &[SocketAddr]) -> bool {
 }
 
 /// Whether the sidecar terminates TLS for this target (else it tunnels bytes untouched).
-pub fn should_intercept(mode: InterceptMode, secrets: &SecretSet, target: &Target) -> bool {
+pub(crate) fn should_intercept(mode: InterceptMode, secrets: &SecretSet, target: &Target) -> bool {
     match mode {
         InterceptMode::All => true,
         InterceptMode::BoundHosts => secrets.has_secret_for(&target.host),

@@ -19,7 +19,7 @@ use crate::upstream::{BoxError, ProxyBody};
 
 /// A content coding the sidecar decodes (RFC 9110 §8.4.1).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Coding {
+pub(crate) enum Coding {
     Gzip,
     Deflate,
     Br,
@@ -41,7 +41,7 @@ impl Coding {
 
 /// The codings of a `Content-Encoding` value, in the order they were applied; `Err` names the
 /// first one the sidecar cannot decode.
-pub fn codings(value: &HeaderValue) -> Result<Vec<Coding>, String> {
+pub(crate) fn codings(value: &HeaderValue) -> Result<Vec<Coding>, String> {
     let text = value
         .to_str()
         .map_err(|_| "a Content-Encoding that is not ASCII".to_owned())?;
@@ -59,7 +59,7 @@ pub fn codings(value: &HeaderValue) -> Result<Vec<Coding>, String> {
 /// What to offer the upstream for a client's `Accept-Encoding`: its codings the sidecar can
 /// decode, with their weights (RFC 9110 §12.5.3); `None` when none is left (then no header: the
 /// upstream answers identity).
-pub fn offer(accept: &HeaderValue) -> Option<HeaderValue> {
+pub(crate) fn offer(accept: &HeaderValue) -> Option<HeaderValue> {
     let text = accept.to_str().ok()?;
     let kept: Vec<&str> = text
         .split(',')
@@ -77,7 +77,7 @@ pub fn offer(accept: &HeaderValue) -> Option<HeaderValue> {
 
 /// `body`, decoded from `codings` (applied in that order, so undone last to first), as a stream
 /// of identity bytes. Trailers are dropped; a corrupt encoding ends the body with an error.
-pub fn decoded(body: ProxyBody, codings: &[Coding]) -> ProxyBody {
+pub(crate) fn decoded(body: ProxyBody, codings: &[Coding]) -> ProxyBody {
     let frames = body.into_data_stream();
     let bytes = futures_util::StreamExt::map(frames, |r| r.map_err(io::Error::other));
     let mut reader: Box<dyn AsyncBufRead + Send + Unpin> = Box::new(StreamReader::new(bytes));

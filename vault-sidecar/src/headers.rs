@@ -1,8 +1,9 @@
 //! Hop-by-hop headers (RFC 9110 §7.6.1): never forwarded, in either direction.
 //!
 //! Removed: `Connection` and every header it names, `Proxy-Connection`, `Keep-Alive`,
-//! `Transfer-Encoding`, `TE` (except `TE: trailers`, which h2 and gRPC need), `Trailer`,
-//! `Upgrade` (kept on a WebSocket handshake), `Proxy-Authorization`, `Proxy-Authenticate`.
+//! `Transfer-Encoding`, `TE` (except `TE: trailers`, which h2 and gRPC need), `Upgrade` (kept
+//! on a WebSocket handshake), `Proxy-Authorization`, `Proxy-Authenticate`. `Trailer` is
+//! end-to-end (RFC 9110 §6.6.2) and kept: an HTTP/1.1 server sends only the trailers it declares.
 
 use http::header::{self, HeaderName, HeaderValue};
 use http::HeaderMap;
@@ -11,11 +12,10 @@ const FIXED: &[HeaderName] = &[
     header::PROXY_AUTHORIZATION,
     header::PROXY_AUTHENTICATE,
     header::TRANSFER_ENCODING,
-    header::TRAILER,
 ];
 
 /// Whether a request or response asks for a protocol upgrade (RFC 9110 §7.8).
-pub fn is_upgrade(headers: &HeaderMap) -> bool {
+pub(crate) fn is_upgrade(headers: &HeaderMap) -> bool {
     headers.contains_key(header::UPGRADE) && connection_tokens(headers).any(|t| t.eq_ignore_ascii_case("upgrade"))
 }
 
@@ -42,7 +42,7 @@ fn is_hop_by_hop(name: &HeaderName) -> bool {
 
 /// Remove hop-by-hop headers in place. With `keep_upgrade`, `Upgrade` and `Connection: upgrade`
 /// survive (the WebSocket handshake needs both).
-pub fn strip_hop_by_hop(headers: &mut HeaderMap, keep_upgrade: bool) {
+pub(crate) fn strip_hop_by_hop(headers: &mut HeaderMap, keep_upgrade: bool) {
     // Most messages carry none: one pass over the names instead of a removal (a hash) per name.
     if !keep_upgrade && !headers.keys().any(is_hop_by_hop) {
         return;
@@ -97,6 +97,9 @@ mod tests {
         let mut h = plain.clone();
         strip_hop_by_hop(&mut h, false);
         assert_eq!(h, plain);
+        let mut declared = map(&[("trailer", "x-echo")]);
+        strip_hop_by_hop(&mut declared, false);
+        assert_eq!(declared, map(&[("trailer", "x-echo")]), "Trailer is end-to-end");
         for hop in [
             "connection",
             "te",
@@ -104,7 +107,6 @@ mod tests {
             "keep-alive",
             "proxy-connection",
             "transfer-encoding",
-            "trailer",
         ] {
             let mut h = plain.clone();
             h.insert(HeaderName::from_static(hop), HeaderValue::from_static("x"));

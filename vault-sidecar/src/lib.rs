@@ -2,29 +2,50 @@
 //! the hosts each key is bound to.
 //!
 //! A request's life, in file order:
-//! [`listener`] (explicit proxy port: CONNECT, absolute-form) → [`connect`] (target, loop, egress
-//! via [`egress`]/[`hosts`], intercept or tunnel) → [`tls`] (per-pod CA, leaves, ALPN) →
-//! [`intercept`] (one request inside the tunnel) → [`rewrite`] (pure stub swapping and redaction,
-//! streamed by [`body`], compressed responses decoded by [`decode`] first) → [`upstream`] (pool, verification) → [`answer`] (errors as answers) →
-//! [`audit`]. [`config`] is what the operator writes; [`proxy`] holds the shared state and starts
+//! [`listener`] (explicit proxy port: CONNECT, absolute-form) and [`transparent`] (redirected
+//! connections) → [`admission`] (the one check of every entry point: loop, egress via
+//! [`egress`]/[`hosts`]) → [`connect`] (intercept or tunnel) → [`tls`] (per-pod CA, leaves, ALPN) →
+//! [`intercept`] (one request inside the tunnel, as phases: admit → rewrite the head → request
+//! body → send → redact the head → response body → finish) → [`rewrite`] (pure stub swapping and
+//! redaction, streamed by [`body`], compressed responses decoded by [`decode`] first, WebSocket
+//! messages by [`ws`]) → [`upstream`] (pool, verification). Anything not relayed is a [`refusal`];
+//! every request ends in one `finish` that records [`metrics`] and the [`audit`] event.
+//! [`config`] is what the operator writes; [`proxy`] holds the shared state and starts
 //! everything; [`admin`] is the health/CA/metrics/audit port.
-pub mod admin;
-pub mod answer;
-pub mod audit;
-pub mod body;
+//!
+//! The crate's API is what the binary, the control plane, the benches and the fuzz targets use;
+//! everything else is private.
+#![warn(unreachable_pub)]
+
+mod admin;
+mod admission;
+mod audit;
+mod body;
 pub mod config;
-pub mod connect;
-pub mod decode;
-pub mod egress;
-pub mod headers;
-pub mod hosts;
-pub mod intercept;
-pub mod listener;
+mod connect;
+mod decode;
+mod egress;
+mod headers;
+mod hosts;
+mod intercept;
+mod listener;
 pub mod logwriter;
-pub mod metrics;
-pub mod proxy;
-pub mod rewrite;
-pub mod secrets;
-pub mod tls;
-pub mod transparent;
-pub mod upstream;
+mod metrics;
+mod proxy;
+mod refusal;
+mod rewrite;
+mod secrets;
+mod tls;
+mod transparent;
+mod upstream;
+mod ws;
+
+pub use audit::write_lines_to as write_audit_lines_to;
+pub use connect::{is_self, parse_target, Target, TargetError};
+pub use egress::{AddressDenial, AddressPolicy};
+pub use hosts::{HostPattern, HostSet, TargetHost};
+pub use proxy::{run, run_with, Inherited};
+pub use rewrite::{redactor, HostRules, Injections, StreamRewriter};
+pub use secrets::{Location, LocationSet, Secret, SecretSet};
+pub use tls::{Ca, LeafCache};
+pub use transparent::{parse_hello, Hello};

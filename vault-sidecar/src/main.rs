@@ -7,7 +7,7 @@ use std::process::ExitCode;
 use clap::{Parser, Subcommand};
 use lap_vault_sidecar::config::{parse_secrets_stdin, read_config, ConfigErrors, SecretSpec, Settings, SidecarConfig};
 use lap_vault_sidecar::logwriter;
-use lap_vault_sidecar::proxy::Inherited;
+use lap_vault_sidecar::Inherited;
 
 /// jemalloc with background purging: memory freed after a burst of connections (10k silent
 /// CONNECTs, say) goes back to the OS within seconds instead of staying resident in glibc arenas.
@@ -98,7 +98,7 @@ fn main() -> ExitCode {
     // SIGTERM/SIGINT end the process through main, so the log queue is flushed on the way out.
     let served = runtime.block_on(async {
         tokio::select! {
-            r = lap_vault_sidecar::proxy::run_with(settings, inherited) => r,
+            r = lap_vault_sidecar::run_with(settings, inherited) => r,
             () = terminated() => {
                 tracing::info!("vault sidecar stopping on signal");
                 Ok(())
@@ -143,7 +143,7 @@ fn init_logging() -> Option<logwriter::FlushGuard> {
         .with_env_filter(tracing_subscriber::EnvFilter::new(filter));
     match logwriter::batched(std::io::stdout(), logwriter::FLUSH_DELAY) {
         Ok((writer, guard)) => {
-            lap_vault_sidecar::audit::write_lines_to(writer.clone());
+            lap_vault_sidecar::write_audit_lines_to(writer.clone());
             subscriber.with_writer(writer).init();
             Some(guard)
         }

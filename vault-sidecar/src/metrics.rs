@@ -7,7 +7,7 @@ use prometheus_client::metrics::histogram::{exponential_buckets, Histogram};
 use prometheus_client::registry::Registry;
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
-pub struct RequestLabels {
+pub(crate) struct RequestLabels {
     /// `intercepted`, `forwarded` (absolute-form http://) or `tunnel` (CONNECT passed through).
     pub mode: &'static str,
     /// `2xx`, `4xx`, ...
@@ -15,23 +15,23 @@ pub struct RequestLabels {
 }
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
-pub struct InjectionLabels {
+pub(crate) struct InjectionLabels {
     pub secret: String,
     pub location: &'static str,
 }
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
-pub struct BlockLabels {
+pub(crate) struct BlockLabels {
     pub reason: &'static str,
 }
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
-pub struct ErrorLabels {
+pub(crate) struct ErrorLabels {
     pub kind: &'static str,
 }
 
 /// All metrics of one sidecar.
-pub struct Metrics {
+pub(crate) struct Metrics {
     pub registry: Registry,
     pub requests: Family<RequestLabels, Counter>,
     pub injections: Family<InjectionLabels, Counter>,
@@ -131,8 +131,29 @@ impl Default for Metrics {
 }
 
 impl Metrics {
+    /// One request answered with `status` (`vault_requests_total{mode, class}`).
+    pub(crate) fn count_request(&self, mode: &'static str, status: u16) {
+        self.requests
+            .get_or_create(&RequestLabels {
+                mode,
+                class: status_class(status),
+            })
+            .inc();
+    }
+
+    /// A refusal: `vault_blocked_total{reason}` for a block (or a misdirected request),
+    /// `vault_errors_total{kind}` for a failure.
+    pub(crate) fn count_refusal(&self, refusal: &crate::refusal::Refusal) {
+        if let Some(reason) = refusal.audit_blocked() {
+            self.blocked.get_or_create(&BlockLabels { reason }).inc();
+        }
+        if let Some(kind) = refusal.audit_error() {
+            self.errors.get_or_create(&ErrorLabels { kind }).inc();
+        }
+    }
+
     /// Prometheus text exposition.
-    pub fn encode(&self) -> String {
+    pub(crate) fn encode(&self) -> String {
         let mut out = String::new();
         let _ = prometheus_client::encoding::text::encode(&mut out, &self.registry);
         out
@@ -140,7 +161,7 @@ impl Metrics {
 }
 
 /// `2xx` etc. for a status code.
-pub fn status_class(status: u16) -> &'static str {
+pub(crate) fn status_class(status: u16) -> &'static str {
     match status / 100 {
         1 => "1xx",
         2 => "2xx",

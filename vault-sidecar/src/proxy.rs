@@ -12,16 +12,19 @@ use std::time::{Duration, SystemTime};
 
 use tokio::net::TcpListener;
 
+use crate::admission::{self, Destination, Policies};
 use crate::audit::AuditLog;
 use crate::config::{CaSource, ConfigError, ConfigErrors, SecretSpec, Settings};
 use crate::egress::EgressPolicy;
+use crate::intercept::context::Mode;
 use crate::metrics::Metrics;
+use crate::refusal::Refusal;
 use crate::secrets::SecretSet;
 use crate::tls::{Ca, LeafCache, TlsError};
 use crate::upstream::{root_store, Resolver, Upstreams};
 
 /// How often `secrets_file` is checked for changes.
-pub const SECRETS_POLL_INTERVAL: Duration = Duration::from_secs(1);
+pub(crate) const SECRETS_POLL_INTERVAL: Duration = Duration::from_secs(1);
 
 /// Why the sidecar could not start.
 #[derive(Debug, thiserror::Error)]
@@ -57,7 +60,7 @@ pub enum StartError {
 
 /// What the admin API's protected endpoints compare a bearer token against.
 #[derive(Debug, Clone)]
-pub enum AdminToken {
+pub(crate) enum AdminToken {
     /// `admin_token_file`, read on each request (so it can be rotated by rewriting the file).
     File(PathBuf),
     /// Generated at start because no `admin_token_file` was given; also written to `path`.
@@ -66,7 +69,7 @@ pub enum AdminToken {
 
 /// Why an admin change of the secrets was refused (the old set stays in force).
 #[derive(Debug, thiserror::Error)]
-pub enum SecretsChangeError {
+pub(crate) enum SecretsChangeError {
     #[error("{0}")]
     Invalid(#[from] ConfigErrors),
     #[error("no secret `{0}` was given to this sidecar over its admin API or standard input")]
@@ -74,14 +77,22 @@ pub enum SecretsChangeError {
 }
 
 /// Everything a request handler needs.
-pub struct Proxy {
+/// One version of the secrets and the egress policy (its bound hosts are those secrets' hosts).
+#[derive(Clone)]
+pub(crate) struct Snapshot {
+    pub(crate) secrets: Arc<SecretSet>,
+    pub(crate) egress: Arc<EgressPolicy>,
+}
+
+pub(crate) struct Proxy {
     pub settings: Settings,
     /// The secrets the admin API manages (`secrets_stdin`'s at start), with their real values;
     /// the lock also serialises every change of the set.
     pushed: Mutex<Vec<SecretSpec>>,
     admin_token: RwLock<Option<AdminToken>>,
-    secrets: RwLock<Arc<SecretSet>>,
-    egress: RwLock<Arc<EgressPolicy>>,
+    /// The secrets and the egress policy they extend, swapped together on reload, so a request
+    /// never sees one version's secrets with another's egress.
+    snapshot: RwLock<Snapshot>,
     pub leaves: LeafCache,
     pub upstreams: Upstreams,
     pub audit: AuditLog,
@@ -95,7 +106,7 @@ impl Proxy {
     /// Build the state (CA, roots, clients) from validated settings. Binds nothing. The
     /// settings' initial secrets move into the proxy's snapshot (a rotated-out value is then held
     /// nowhere once no request uses it).
-    pub fn new(mut settings: Settings) -> Result<Arc<Self>, StartError> {
+    pub(crate) fn new(mut settings: Settings) -> Result<Arc<Self>, StartError> {
         let ca = match &settings.ca {
             CaSource::Generate => Ca::generate()?,
             CaSource::Files { cert, key } => Ca::load(cert, key)?,
@@ -114,8 +125,10 @@ impl Proxy {
         Ok(Arc::new(Self {
             pushed,
             admin_token,
-            secrets: RwLock::new(Arc::new(secrets)),
-            egress: RwLock::new(Arc::new(egress)),
+            snapshot: RwLock::new(Snapshot {
+                secrets: Arc::new(secrets),
+                egress: Arc::new(egress),
+            }),
             leaves: LeafCache::new(Arc::new(ca)),
             upstreams,
             audit: AuditLog::default(),
@@ -127,29 +140,49 @@ impl Proxy {
     }
 
     /// The current secrets snapshot; a request keeps the one it started with.
-    pub fn secrets(&self) -> Arc<SecretSet> {
-        self.secrets.read().unwrap_or_else(|p| p.into_inner()).clone()
+    /// The current secrets and egress policy, of one version.
+    pub(crate) fn snapshot(&self) -> Snapshot {
+        self.snapshot.read().unwrap_or_else(|p| p.into_inner()).clone()
     }
 
-    pub fn egress(&self) -> Arc<EgressPolicy> {
-        self.egress.read().unwrap_or_else(|p| p.into_inner()).clone()
+    pub(crate) fn secrets(&self) -> Arc<SecretSet> {
+        self.snapshot().secrets
     }
 
-    pub fn own_addrs(&self) -> Vec<SocketAddr> {
+    /// The admission check ([`crate::admission::admit`]) against this sidecar's addresses and
+    /// current policies; a refusal is logged and counted (`vault_blocked_total`, and
+    /// `vault_requests_total{mode}`).
+    pub(crate) fn admit(&self, dest: Destination<'_>, egress: &EgressPolicy, mode: Mode) -> Result<(), Refusal> {
+        let own = self.own_addrs();
+        let policies = Policies {
+            own: &own,
+            egress: egress,
+            addresses: self.upstreams.resolver.policy(),
+        };
+        admission::admit(dest, policies).map_err(|reason| {
+            tracing::warn!(connect_target = %dest.target, original = ?dest.original, reason = reason.as_str(), "request refused");
+            let refusal = Refusal::blocked(reason, &dest.target.host);
+            self.metrics.count_refusal(&refusal);
+            self.metrics.count_request(mode.as_str(), refusal.status().as_u16());
+            refusal
+        })
+    }
+
+    pub(crate) fn own_addrs(&self) -> Vec<SocketAddr> {
         self.own_addrs.read().unwrap_or_else(|p| p.into_inner()).clone()
     }
 
-    pub fn is_ready(&self) -> bool {
+    pub(crate) fn is_ready(&self) -> bool {
         self.ready.load(Ordering::Acquire)
     }
 
     /// The admin token the protected admin endpoints require (`None` before [`run`] sets one).
-    pub fn admin_token(&self) -> Option<AdminToken> {
+    pub(crate) fn admin_token(&self) -> Option<AdminToken> {
         self.admin_token.read().unwrap_or_else(|p| p.into_inner()).clone()
     }
 
     /// Re-read inline secrets and `secrets_file`; on error the old secrets stay.
-    pub fn reload(&self) -> Result<usize, ConfigErrors> {
+    pub(crate) fn reload(&self) -> Result<usize, ConfigErrors> {
         let pushed = self.pushed.lock().unwrap_or_else(|p| p.into_inner());
         self.install(&pushed)
     }
@@ -162,8 +195,10 @@ impl Proxy {
                 let set = SecretSet::new(list);
                 let n = set.len();
                 let egress = self.settings.egress.with_bound(set.bound_hosts().clone());
-                *self.secrets.write().unwrap_or_else(|p| p.into_inner()) = Arc::new(set);
-                *self.egress.write().unwrap_or_else(|p| p.into_inner()) = Arc::new(egress);
+                *self.snapshot.write().unwrap_or_else(|p| p.into_inner()) = Snapshot {
+                    secrets: Arc::new(set),
+                    egress: Arc::new(egress),
+                };
                 self.metrics.reloads.inc();
                 tracing::info!(secrets = n, "secrets reloaded");
                 Ok(n)
@@ -177,7 +212,7 @@ impl Proxy {
     }
 
     /// `PUT /secrets`: replace every secret the admin API manages. All or nothing.
-    pub fn replace_secrets(&self, specs: Vec<SecretSpec>) -> Result<usize, SecretsChangeError> {
+    pub(crate) fn replace_secrets(&self, specs: Vec<SecretSpec>) -> Result<usize, SecretsChangeError> {
         crate::config::validate_secret_specs("secrets", &specs)?;
         let mut pushed = self.pushed.lock().unwrap_or_else(|p| p.into_inner());
         self.install(&specs)?;
@@ -187,7 +222,7 @@ impl Proxy {
 
     /// `PUT /secrets/{name}`: add or replace one managed secret. Without a `stub`, an existing
     /// secret keeps its stub (rotation of the real value).
-    pub fn upsert_secret(&self, mut spec: SecretSpec) -> Result<usize, SecretsChangeError> {
+    pub(crate) fn upsert_secret(&self, mut spec: SecretSpec) -> Result<usize, SecretsChangeError> {
         let mut pushed = self.pushed.lock().unwrap_or_else(|p| p.into_inner());
         let existing = pushed.iter().position(|s| s.name == spec.name);
         if spec.stub.is_empty() {
@@ -213,7 +248,7 @@ impl Proxy {
     }
 
     /// `DELETE /secrets/{name}`: revoke one managed secret; its stub is no longer swapped.
-    pub fn remove_secret(&self, name: &str) -> Result<usize, SecretsChangeError> {
+    pub(crate) fn remove_secret(&self, name: &str) -> Result<usize, SecretsChangeError> {
         let mut pushed = self.pushed.lock().unwrap_or_else(|p| p.into_inner());
         let Some(i) = pushed.iter().position(|s| s.name == name) else {
             return Err(SecretsChangeError::NotFound(name.to_owned()));

@@ -178,7 +178,7 @@ fn basic_credentials(value: &[u8]) -> Option<&[u8]> {
 
 /// Replace real values (in any of their [`crate::secrets::value_forms`]) by their stubs in one
 /// response header value; `None` when unchanged.
-pub fn redact_value(set: &SecretSet, value: &[u8]) -> Option<Vec<u8>> {
+pub(crate) fn redact_value(set: &SecretSet, value: &[u8]) -> Option<Vec<u8>> {
     let (ac, _) = set.value_automaton()?;
     let (_, replacements) = set.redaction();
     let mut out: Option<Vec<u8>> = None;

@@ -94,7 +94,7 @@ impl fmt::Debug for Secret {
 }
 
 /// Values shorter than this are not redacted from responses: they would match ordinary bytes.
-pub const MIN_REDACT_LEN: usize = 8;
+pub(crate) const MIN_REDACT_LEN: usize = 8;
 
 /// The forms a value can come back in, each with the same form of the stub, as (pattern,
 /// replacement) pairs, distinct patterns only, none shorter than [`MIN_REDACT_LEN`]:
@@ -109,7 +109,7 @@ pub const MIN_REDACT_LEN: usize = 8;
 ///   hex), where that differs from the value;
 /// - JSON-string-escaped (RFC 8259 §7, `/` as `\/` as some encoders write it), where that
 ///   differs.
-pub fn value_forms(value: &[u8], stub: &[u8]) -> Vec<(Vec<u8>, Vec<u8>)> {
+pub(crate) fn value_forms(value: &[u8], stub: &[u8]) -> Vec<(Vec<u8>, Vec<u8>)> {
     use base64::engine::general_purpose::{STANDARD, STANDARD_NO_PAD, URL_SAFE, URL_SAFE_NO_PAD};
     use base64::Engine;
     let mut forms: Vec<(Vec<u8>, Vec<u8>)> = vec![(value.to_vec(), stub.to_vec())];

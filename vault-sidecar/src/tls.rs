@@ -28,17 +28,17 @@ use tokio::sync::OnceCell;
 use crate::hosts::TargetHost;
 
 /// Leaf validity.
-pub const LEAF_VALIDITY: Duration = Duration::days(30);
+pub(crate) const LEAF_VALIDITY: Duration = Duration::days(30);
 /// A leaf is re-minted once it has less than this left.
-pub const LEAF_RENEW_BEFORE: Duration = Duration::days(7);
+pub(crate) const LEAF_RENEW_BEFORE: Duration = Duration::days(7);
 /// Backdating of notBefore, for clients with skewed clocks.
-pub const BACKDATE: Duration = Duration::hours(1);
+pub(crate) const BACKDATE: Duration = Duration::hours(1);
 /// Beyond this many cached leaves the cache is cleared (a pod talks to a handful of hosts).
-pub const MAX_CACHED_LEAVES: usize = 10_000;
+pub(crate) const MAX_CACHED_LEAVES: usize = 10_000;
 
 /// ALPN protocols offered to clients, in preference order.
-pub const ALPN_H2: &[u8] = b"h2";
-pub const ALPN_HTTP11: &[u8] = b"http/1.1";
+pub(crate) const ALPN_H2: &[u8] = b"h2";
+pub(crate) const ALPN_HTTP11: &[u8] = b"http/1.1";
 
 #[derive(Debug, thiserror::Error)]
 pub enum TlsError {
@@ -287,7 +287,7 @@ impl LeafCache {
 
 /// Whether the ClientHello's SNI is consistent with the CONNECT target: absent, an IP (treated as
 /// absent), or the same name.
-pub fn sni_matches(sni: Option<&str>, target: &TargetHost) -> bool {
+pub(crate) fn sni_matches(sni: Option<&str>, target: &TargetHost) -> bool {
     match sni {
         None => true,
         Some(name) if name.parse::<IpAddr>().is_ok() => true,

@@ -22,21 +22,20 @@ use bytes::{Buf, BytesMut};
 use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, ReadBuf};
 use tokio::net::{TcpListener, TcpStream};
 
-use crate::answer::BlockReason;
-use crate::connect::{is_self, should_intercept, Target};
-use crate::egress::EgressDecision;
+use crate::admission::Destination;
+use crate::connect::{should_intercept, Target};
 use crate::hosts::{is_valid_dns_name, TargetHost};
+use crate::intercept::context::Mode;
 use crate::intercept::serve_tunnel;
-use crate::metrics::{BlockLabels, RequestLabels};
 use crate::proxy::Proxy;
 
 /// Deadline for a complete ClientHello.
-pub const CLIENT_HELLO_TIMEOUT: Duration = Duration::from_secs(10);
+pub(crate) const CLIENT_HELLO_TIMEOUT: Duration = Duration::from_secs(10);
 /// A ClientHello larger than this is refused.
-pub const MAX_CLIENT_HELLO: usize = 64 * 1024;
+pub(crate) const MAX_CLIENT_HELLO: usize = 64 * 1024;
 
 /// Accept redirected connections until the process ends.
-pub async fn serve(proxy: Arc<Proxy>, listener: TcpListener) {
+pub(crate) async fn serve(proxy: Arc<Proxy>, listener: TcpListener) {
     loop {
         let (stream, peer) = match listener.accept().await {
             Ok(c) => c,
@@ -57,7 +56,7 @@ pub async fn serve(proxy: Arc<Proxy>, listener: TcpListener) {
 }
 
 /// The pre-NAT destination of a redirected connection.
-pub fn original_destination(stream: &TcpStream) -> io::Result<SocketAddr> {
+pub(crate) fn original_destination(stream: &TcpStream) -> io::Result<SocketAddr> {
     use nix::sys::socket::{getsockopt, sockopt};
     let local = stream.local_addr()?;
     if local.is_ipv4() {
@@ -140,56 +139,34 @@ async fn handle(proxy: Arc<Proxy>, mut stream: TcpStream) -> io::Result<()> {
         },
         _ => ip_target.clone(),
     };
-    let own = proxy.own_addrs();
-    let egress = proxy.egress();
-    let refused = if is_self(&ip_target, &own) {
-        Some(BlockReason::Loop)
-    } else if egress.decide(&target.host) != EgressDecision::Allow
-        || egress.decide(&ip_target.host) == EgressDecision::Denied
-        || proxy.upstreams.resolver.policy().check(original).is_err()
-    {
-        Some(BlockReason::EgressPolicy)
-    } else {
-        None
+    let snapshot = proxy.snapshot();
+    let dest = Destination {
+        target: &target,
+        original: Some(original),
     };
-    if let Some(reason) = refused {
-        tracing::warn!(connect_target = %target, original = %original, reason = reason.as_str(), "transparent connection refused");
-        proxy
-            .metrics
-            .blocked
-            .get_or_create(&BlockLabels {
-                reason: reason.as_str(),
-            })
-            .inc();
+    if proxy.admit(dest, &snapshot.egress, Mode::Tunnel).is_err() {
+        // No HTTP channel before the handshake: logged and counted, then closed.
         return Ok(());
     }
     let io = Prefixed {
         prefix: buf,
         inner: stream,
     };
-    let secrets = proxy.secrets();
-    if matches!(hello, Hello::Tls { .. }) && should_intercept(proxy.settings.intercept, &secrets, &target) {
+    if matches!(hello, Hello::Tls { .. }) && should_intercept(proxy.settings.intercept, &snapshot.secrets, &target) {
         serve_tunnel(proxy, io, target).await;
         return Ok(());
     }
     let mut upstream = TcpStream::connect(original).await?;
     let _ = upstream.set_nodelay(true);
     proxy.metrics.upstream_connects.inc();
-    proxy
-        .metrics
-        .requests
-        .get_or_create(&RequestLabels {
-            mode: "tunnel",
-            class: "2xx",
-        })
-        .inc();
+    proxy.metrics.count_request(Mode::Tunnel.as_str(), 200);
     let mut io = io;
     tokio::io::copy_bidirectional(&mut io, &mut upstream).await?;
     Ok(())
 }
 
 /// A stream whose first bytes were already read: they are replayed before the rest.
-pub struct Prefixed<S> {
+pub(crate) struct Prefixed<S> {
     prefix: BytesMut,
     inner: S,
 }

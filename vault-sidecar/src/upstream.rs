@@ -33,26 +33,23 @@ use tokio_rustls::TlsConnector;
 
 use crate::egress::{AddressDenial, AddressPolicy};
 use crate::hosts::TargetHost;
-
-/// The kind of an egress refusal decided on a resolved address (`X-Vault-Blocked`, not
-/// `X-Vault-Error`: see [`crate::answer::upstream_failure`]).
-pub const EGRESS_POLICY: &str = "egress-policy";
+use crate::refusal::ErrorKind;
 
 /// TCP connect deadline (per address tried).
-pub const CONNECT_TIMEOUT: Duration = Duration::from_secs(10);
+pub(crate) const CONNECT_TIMEOUT: Duration = Duration::from_secs(10);
 /// TLS handshake deadline toward the upstream.
-pub const HANDSHAKE_TIMEOUT: Duration = Duration::from_secs(10);
+pub(crate) const HANDSHAKE_TIMEOUT: Duration = Duration::from_secs(10);
 /// Idle pooled connections are closed after this long.
-pub const POOL_IDLE_TIMEOUT: Duration = Duration::from_secs(90);
+pub(crate) const POOL_IDLE_TIMEOUT: Duration = Duration::from_secs(90);
 
 /// The error type of boxed bodies in the proxy.
-pub type BoxError = Box<dyn std::error::Error + Send + Sync>;
+pub(crate) type BoxError = Box<dyn std::error::Error + Send + Sync>;
 /// Request and response bodies as they travel through the proxy.
-pub type ProxyBody = UnsyncBoxBody<Bytes, BoxError>;
+pub(crate) type ProxyBody = UnsyncBoxBody<Bytes, BoxError>;
 
 /// Why an upstream could not be reached.
 #[derive(Debug, thiserror::Error)]
-pub enum UpstreamError {
+pub(crate) enum UpstreamError {
     #[error("DNS lookup of {host} failed: {source}")]
     Dns {
         host: String,
@@ -92,32 +89,24 @@ pub enum UpstreamError {
 }
 
 impl UpstreamError {
-    /// Stable name for `X-Vault-Error`.
-    pub fn kind(&self) -> &'static str {
-        match self {
-            Self::Dns { .. } | Self::NoAddress { .. } => "dns",
-            Self::Connect { .. } => "connect",
-            Self::ConnectTimeout { .. } => "connect-timeout",
-            Self::Untrusted { .. } => "upstream-cert-untrusted",
-            Self::Handshake { .. } => "tls-handshake",
-            Self::HandshakeTimeout { .. } => "tls-handshake-timeout",
-            Self::BadName(_) | Self::NoHost => "bad-target",
-            Self::Denied { .. } => EGRESS_POLICY,
-        }
-    }
-
-    /// `504` for timeouts, `403` for an egress refusal, `502` otherwise.
-    pub fn status(&self) -> http::StatusCode {
-        match self {
-            Self::ConnectTimeout { .. } | Self::HandshakeTimeout { .. } => http::StatusCode::GATEWAY_TIMEOUT,
-            Self::Denied { .. } => http::StatusCode::FORBIDDEN,
-            _ => http::StatusCode::BAD_GATEWAY,
-        }
+    /// The `X-Vault-Error` kind; `None` for an address the egress policy refuses, which is a block
+    /// (`X-Vault-Blocked: egress-policy`), not an error: see [`crate::refusal::Refusal::upstream`].
+    pub(crate) fn kind(&self) -> Option<ErrorKind> {
+        Some(match self {
+            Self::Dns { .. } | Self::NoAddress { .. } => ErrorKind::Dns,
+            Self::Connect { .. } => ErrorKind::Connect,
+            Self::ConnectTimeout { .. } => ErrorKind::ConnectTimeout,
+            Self::Untrusted { .. } => ErrorKind::UpstreamCertUntrusted,
+            Self::Handshake { .. } => ErrorKind::TlsHandshake,
+            Self::HandshakeTimeout { .. } => ErrorKind::TlsHandshakeTimeout,
+            Self::BadName(_) | Self::NoHost => ErrorKind::BadTarget,
+            Self::Denied { .. } => return None,
+        })
     }
 }
 
 /// Find an [`UpstreamError`] in an error's source chain (the legacy client boxes connector errors).
-pub fn find_upstream_error<'a>(err: &'a (dyn std::error::Error + 'static)) -> Option<&'a UpstreamError> {
+pub(crate) fn find_upstream_error<'a>(err: &'a (dyn std::error::Error + 'static)) -> Option<&'a UpstreamError> {
     let mut cur: Option<&(dyn std::error::Error + 'static)> = Some(err);
     while let Some(e) = cur {
         if let Some(u) = e.downcast_ref::<UpstreamError>() {
@@ -132,13 +121,13 @@ pub fn find_upstream_error<'a>(err: &'a (dyn std::error::Error + 'static)) -> Op
 /// which of those addresses may be connected to ([`AddressPolicy`], checked on every address a
 /// target resolves to, at connect time).
 #[derive(Debug, Clone, Default)]
-pub struct Resolver {
+pub(crate) struct Resolver {
     table: Arc<HashMap<(String, u16), SocketAddr>>,
     policy: Arc<AddressPolicy>,
 }
 
 impl Resolver {
-    pub fn new(table: HashMap<(String, u16), SocketAddr>, policy: AddressPolicy) -> Self {
+    pub(crate) fn new(table: HashMap<(String, u16), SocketAddr>, policy: AddressPolicy) -> Self {
         Self {
             table: Arc::new(table),
             policy: Arc::new(policy),
@@ -146,11 +135,11 @@ impl Resolver {
     }
 
     /// The address rules (also applied by the transparent listener to original destinations).
-    pub fn policy(&self) -> &AddressPolicy {
+    pub(crate) fn policy(&self) -> &AddressPolicy {
         &self.policy
     }
 
-    pub async fn resolve(&self, host: &TargetHost, port: u16) -> Result<Vec<SocketAddr>, UpstreamError> {
+    pub(crate) async fn resolve(&self, host: &TargetHost, port: u16) -> Result<Vec<SocketAddr>, UpstreamError> {
         let key = (host.to_string(), port);
         if let Some(addr) = self.table.get(&key) {
             return Ok(vec![*addr]);
@@ -176,7 +165,7 @@ impl Resolver {
     /// Connect TCP (first address that answers), `TCP_NODELAY` set. When any resolved address is
     /// refused by the [`AddressPolicy`], none is tried: a name that resolves into a denied block
     /// is denied, whatever else it resolves to.
-    pub async fn connect(&self, host: &TargetHost, port: u16) -> Result<TcpStream, UpstreamError> {
+    pub(crate) async fn connect(&self, host: &TargetHost, port: u16) -> Result<TcpStream, UpstreamError> {
         let addrs = self.resolve(host, port).await?;
         for addr in &addrs {
             if let Err(why) = self.policy.check(*addr) {
@@ -203,7 +192,7 @@ impl Resolver {
 }
 
 /// Root certificates for upstream verification: webpki roots, the OS store, `upstream_ca_files`.
-pub fn root_store(extra_files: &[PathBuf]) -> Result<rustls::RootCertStore, io::Error> {
+pub(crate) fn root_store(extra_files: &[PathBuf]) -> Result<rustls::RootCertStore, io::Error> {
     let mut roots = rustls::RootCertStore::empty();
     roots.extend(webpki_roots::TLS_SERVER_ROOTS.iter().cloned());
     for cert in rustls_native_certs::load_native_certs().certs {
@@ -230,14 +219,19 @@ pub fn root_store(extra_files: &[PathBuf]) -> Result<rustls::RootCertStore, io::
 
 /// The connector given to the pooled client: `http://` → TCP, `https://` → TCP + TLS.
 #[derive(Clone)]
-pub struct Connector {
+pub(crate) struct Connector {
     resolver: Resolver,
     tls: TlsConnector,
     connects: Counter,
 }
 
 impl Connector {
-    pub fn new(resolver: Resolver, roots: Arc<rustls::RootCertStore>, alpn: &[&[u8]], connects: Counter) -> Self {
+    pub(crate) fn new(
+        resolver: Resolver,
+        roots: Arc<rustls::RootCertStore>,
+        alpn: &[&[u8]],
+        connects: Counter,
+    ) -> Self {
         let mut config = ClientConfig::builder_with_provider(Arc::new(rustls::crypto::ring::default_provider()))
             .with_safe_default_protocol_versions()
             .expect("ring supports the default protocol versions")
@@ -311,7 +305,7 @@ impl tower_service::Service<Uri> for Connector {
 }
 
 /// An upstream connection, plain or TLS.
-pub enum UpstreamIo {
+pub(crate) enum UpstreamIo {
     Plain(TokioIo<TcpStream>),
     Tls {
         io: Box<TokioIo<TlsStream<TcpStream>>>,
@@ -383,11 +377,11 @@ impl hyper::rt::Write for UpstreamIo {
 }
 
 /// A pooled client over [`Connector`].
-pub type PooledClient = Client<Connector, ProxyBody>;
+pub(crate) type PooledClient = Client<Connector, ProxyBody>;
 
 /// The pooled clients of one sidecar.
 #[derive(Clone)]
-pub struct Upstreams {
+pub(crate) struct Upstreams {
     /// Offers `h2` and `http/1.1`; ordinary requests.
     pub h2_or_h1: PooledClient,
     /// Offers only `http/1.1`; WebSocket upgrades (RFC 6455 needs HTTP/1.1) and `http://`.
@@ -396,7 +390,7 @@ pub struct Upstreams {
 }
 
 impl Upstreams {
-    pub fn new(resolver: Resolver, roots: Arc<rustls::RootCertStore>, connects: Counter) -> Self {
+    pub(crate) fn new(resolver: Resolver, roots: Arc<rustls::RootCertStore>, connects: Counter) -> Self {
         let build = |alpn: &[&[u8]]| {
             Client::builder(TokioExecutor::new())
                 .timer(TokioTimer::new())

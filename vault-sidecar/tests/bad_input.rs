@@ -643,3 +643,39 @@ async fn numeric_host_spellings_do_not_bypass_ip_egress_rules() {
     assert!(reply.status >= 400, "CONNECT {own}: {}", reply.head);
     assert!(h.upstream.requests().is_empty(), "{:#?}", h.upstream.requests());
 }
+
+/// W12: 50 connections sending a CONNECT head one byte every 5 s are each closed within the head
+/// timeout (10 s), and the proxy keeps serving meanwhile.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn w12_slow_connect_heads_are_closed_within_the_head_timeout() {
+    let h = Harness::default_setup().await;
+    let head = b"CONNECT api.anthropic.com:443 HTTP/1.1\r\nHost: api.anthropic.com:443\r\n\r\n";
+    let mut set = tokio::task::JoinSet::new();
+    for _ in 0..50 {
+        let proxy = h.sidecar.proxy;
+        set.spawn(async move {
+            let start = Instant::now();
+            let mut s = tokio::net::TcpStream::connect(proxy).await.expect("connect");
+            for b in head {
+                if s.write_all(&[*b]).await.is_err() {
+                    break;
+                }
+                // Closed by the sidecar: a read returns at once (EOF or a 408).
+                let mut buf = [0u8; 512];
+                match tokio::time::timeout(Duration::from_secs(5), s.read(&mut buf)).await {
+                    Ok(_) => break,
+                    Err(_) => continue,
+                }
+            }
+            start.elapsed()
+        });
+    }
+    still_serving(&h, "while 50 slow heads trickle in").await;
+    while let Some(took) = set.join_next().await {
+        let took = took.expect("task");
+        assert!(
+            took < Duration::from_secs(16),
+            "a slow CONNECT head stayed open {took:?} (head timeout 10 s, one byte per 5 s)"
+        );
+    }
+}

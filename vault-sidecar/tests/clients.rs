@@ -514,6 +514,90 @@ async fn sse_events_arrive_one_by_one() {
     }
 }
 
+/// W04: a bound host reflects the real value in a WebSocket text message and in a binary message
+/// whose two frames split it; the client receives the stub in both. The client's offer of
+/// `permessage-deflate` never reaches the upstream (a compressed frame would hide the value).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn w04_websocket_messages_reflecting_the_real_value_reach_the_client_as_stubs() {
+    use tokio_tungstenite::tungstenite::client::IntoClientRequest as _;
+    use tokio_tungstenite::tungstenite::Message;
+    let h = Harness::default_setup().await;
+    let tls = tunnel_tls(&h.sidecar, "api.anthropic.com", &["http/1.1"]).await;
+    let mut req = "wss://api.anthropic.com/ws-reflect"
+        .into_client_request()
+        .expect("ws request");
+    let headers = req.headers_mut();
+    headers.insert("x-api-key", ANTHROPIC_STUB.parse().expect("header value"));
+    headers.insert(
+        "sec-websocket-extensions",
+        "permessage-deflate".parse().expect("header value"),
+    );
+    let (mut ws, resp) = within(
+        Duration::from_secs(20),
+        "WebSocket handshake through the sidecar",
+        Box::pin(tokio_tungstenite::client_async(req, tls)),
+    )
+    .await
+    .expect("WebSocket handshake");
+    assert_eq!(resp.status(), 101);
+    let mut messages = Vec::new();
+    while let Some(msg) = within(Duration::from_secs(10), "a message", ws.next()).await {
+        match msg.expect("a valid WebSocket message") {
+            Message::Text(t) => messages.push(t.as_bytes().to_vec()),
+            Message::Binary(b) => messages.push(b.to_vec()),
+            Message::Close(_) => break,
+            _ => {}
+        }
+    }
+    let text = |b: &[u8]| String::from_utf8_lossy(b).to_string();
+    let got: Vec<String> = messages.iter().map(|m| text(m)).collect();
+    assert_eq!(
+        got,
+        vec![
+            format!("{{\"echo\":\"{ANTHROPIC_STUB}\"}}"),
+            format!("bin:{ANTHROPIC_STUB}:end")
+        ],
+        "both messages carry the stub"
+    );
+    assert!(got.iter().all(|m| !m.contains(ANTHROPIC_REAL)));
+    let rec = h.upstream.only_request_to("/ws-reflect");
+    assert_eq!(rec.header("x-api-key"), Some(ANTHROPIC_REAL), "the stub was swapped");
+    assert_eq!(
+        rec.header("sec-websocket-extensions"),
+        None,
+        "no extension offered upstream"
+    );
+}
+
+/// W03: over h2 (and h1 with `TE: trailers`), the upstream reflects the real value in a response
+/// trailer; the client's trailer holds the stub.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn w03_a_trailer_reflecting_the_real_value_reaches_the_client_as_the_stub() {
+    let h = Harness::default_setup().await;
+    for proto in ["--http2", "--http1.1"] {
+        let out = h
+            .sidecar
+            .curl()
+            .arg(proto)
+            .args(["-H", &format!("x-api-key: {ANTHROPIC_STUB}"), "-H", "te: trailers"])
+            .arg("https://api.anthropic.com/trailers")
+            .run()
+            .await
+            .ok();
+        assert_eq!(out.body_text(), "body before trailers\n", "{proto}");
+        // curl's header dump holds the trailers too, after the head.
+        let heads = out.header_dump.to_ascii_lowercase();
+        assert!(
+            !heads.contains(&ANTHROPIC_REAL.to_ascii_lowercase()),
+            "{proto}: the real value reached the client: {heads}"
+        );
+        assert!(
+            heads.contains(&format!("x-echo: {ANTHROPIC_STUB}").to_ascii_lowercase()),
+            "{proto}: the trailer carries the stub: {heads}"
+        );
+    }
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn websocket_through_tunnel_with_swapped_handshake() {
     use tokio_tungstenite::tungstenite::client::IntoClientRequest as _;

@@ -1061,8 +1061,8 @@ mod tests {
     /// a `[resolve]` target on loopback (an air-gapped stand-in) stays reachable.
     #[test]
     fn the_pod_vault_refuses_local_and_link_local_targets() {
-        use lap_vault_sidecar::egress::{AddressDenial, AddressPolicy};
-        use lap_vault_sidecar::hosts::HostSet;
+        use lap_vault_sidecar::HostSet;
+        use lap_vault_sidecar::{AddressDenial, AddressPolicy};
         let mut base = SidecarConfig::default();
         base.resolve.insert("api.internal:443".into(), "127.0.0.1:8443".into());
         let mut st = settings();

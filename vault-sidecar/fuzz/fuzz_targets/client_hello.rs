@@ -3,7 +3,7 @@
 //! complete hello.
 #![no_main]
 
-use lap_vault_sidecar::transparent::{parse_hello, Hello};
+use lap_vault_sidecar::{parse_hello, Hello};
 use libfuzzer_sys::fuzz_target;
 
 fuzz_target!(|data: &[u8]| {

@@ -5,7 +5,7 @@
 use std::sync::OnceLock;
 
 use lap_vault_sidecar::config::{parse_config, Settings};
-use lap_vault_sidecar::secrets::SecretSet;
+use lap_vault_sidecar::SecretSet;
 
 pub const SECRETS: [(&str, &str, &str, &str); 4] = [
     (

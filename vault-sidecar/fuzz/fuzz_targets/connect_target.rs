@@ -2,7 +2,7 @@
 //! `connect::parse_target`; whatever it accepts must print back (`authority()`) to the same target.
 #![no_main]
 
-use lap_vault_sidecar::connect::{is_self, parse_target};
+use lap_vault_sidecar::{is_self, parse_target};
 use libfuzzer_sys::fuzz_target;
 
 fuzz_target!(|data: &[u8]| {
@@ -22,7 +22,7 @@ fuzz_target!(|data: &[u8]| {
     }
 });
 
-fn check(r: Result<lap_vault_sidecar::connect::Target, lap_vault_sidecar::connect::TargetError>) {
+fn check(r: Result<lap_vault_sidecar::Target, lap_vault_sidecar::TargetError>) {
     let Ok(t) = r else { return };
     assert_ne!(t.port, 0);
     let printed = t.authority();

@@ -7,8 +7,8 @@ mod common;
 
 use base64::engine::general_purpose::STANDARD as BASE64;
 use base64::Engine as _;
-use lap_vault_sidecar::hosts::TargetHost;
-use lap_vault_sidecar::rewrite::{HostRules, Injections};
+use lap_vault_sidecar::TargetHost;
+use lap_vault_sidecar::{HostRules, Injections};
 use libfuzzer_sys::fuzz_target;
 
 use common::{bound, contains, expand, replace_reference, set, HOSTS, SECRETS};

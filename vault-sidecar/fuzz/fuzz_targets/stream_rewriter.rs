@@ -5,8 +5,8 @@
 mod common;
 
 use bytes::Bytes;
-use lap_vault_sidecar::hosts::TargetHost;
-use lap_vault_sidecar::rewrite::{redactor, HostRules, StreamRewriter};
+use lap_vault_sidecar::TargetHost;
+use lap_vault_sidecar::{redactor, HostRules, StreamRewriter};
 use libfuzzer_sys::fuzz_target;
 
 use common::{expand, replace_reference, set, HOSTS, SECRETS};

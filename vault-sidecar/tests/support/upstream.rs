@@ -10,6 +10,10 @@
 //! - `/upload`: reads the body streaming, answers `{"len":..,"sha256":..}`.
 //! - `/reject401`: answers 401 at once, never reading the body.
 //! - `/ws`: WebSocket echo (HTTP/1.1 Upgrade).
+//! - `/ws-reflect`: WebSocket that, once open, sends the request's `x-api-key` in a text message, then
+//!   a binary message fragmented in two frames that split it in the middle, then closes.
+//! - `/trailers`: a body, then a trailer `x-echo` holding the request's `x-api-key` (h2, or h1 chunked
+//!   when the client sent `TE: trailers`).
 //! - `/OWNER/REPO.git/...`: git smart HTTP via `git http-backend`, behind Basic auth `x-access-token:<git_token>`.
 
 use std::convert::Infallible;
@@ -538,7 +542,7 @@ async fn route(req: Request<Incoming>, ctx: Arc<Ctx>, info: ConnInfo) -> Respons
             .body(full("rejected before reading the body\n"))
             .expect("response");
     }
-    if path == "/ws" {
+    if path == "/ws" || path == "/ws-reflect" {
         return websocket(req, rec, ctx);
     }
     if is_git_path(&path) {
@@ -594,6 +598,24 @@ async fn route(req: Request<Incoming>, ctx: Arc<Ctx>, info: ConnInfo) -> Respons
         }
         "/big" => big(&query),
         "/sse" => sse(&query),
+        "/trailers" => {
+            let echo = parts
+                .headers
+                .get("x-api-key")
+                .cloned()
+                .unwrap_or(hyper::header::HeaderValue::from_static(""));
+            let mut trailers = hyper::HeaderMap::new();
+            trailers.insert("x-echo", echo);
+            let frames: Vec<Result<Frame<Bytes>, io::Error>> = vec![
+                Ok(Frame::data(Bytes::from_static(b"body before trailers\n"))),
+                Ok(Frame::trailers(trailers)),
+            ];
+            Response::builder()
+                .header("content-type", "text/plain")
+                .header("trailer", "x-echo")
+                .body(StreamBody::new(futures_util::stream::iter(frames)).boxed_unsync())
+                .expect("response")
+        }
         _ => {
             let _ = parts;
             Response::builder()
@@ -682,12 +704,45 @@ fn websocket(mut req: Request<Incoming>, rec: Recorded, ctx: Arc<Ctx>) -> Respon
             .expect("response");
     }
     let on_upgrade = hyper::upgrade::on(&mut req);
+    let reflect = (req.uri().path() == "/ws-reflect").then(|| {
+        req.headers()
+            .get("x-api-key")
+            .map(|v| v.as_bytes().to_vec())
+            .unwrap_or_default()
+    });
     tokio::spawn(async move {
         let Ok(upgraded) = on_upgrade.await else {
             return;
         };
         let mut ws =
             tokio_tungstenite::WebSocketStream::from_raw_socket(TokioIo::new(upgraded), Role::Server, None).await;
+        if let Some(value) = reflect {
+            use tokio_tungstenite::tungstenite::protocol::frame::coding::{Data, OpCode};
+            use tokio_tungstenite::tungstenite::protocol::frame::Frame as WsFrame;
+            use tokio_tungstenite::tungstenite::Message;
+            let text = format!("{{\"echo\":\"{}\"}}", String::from_utf8_lossy(&value));
+            let (a, b) = value.split_at(value.len() / 2);
+            let first = [b"bin:".as_slice(), a].concat();
+            let second = [b, b":end".as_slice()].concat();
+            let _ = ws.send(Message::text(text)).await;
+            let _ = ws
+                .send(Message::Frame(WsFrame::message(
+                    first,
+                    OpCode::Data(Data::Binary),
+                    false,
+                )))
+                .await;
+            let _ = ws
+                .send(Message::Frame(WsFrame::message(
+                    second,
+                    OpCode::Data(Data::Continue),
+                    true,
+                )))
+                .await;
+            let _ = ws.close(None).await;
+            while let Some(Ok(_)) = ws.next().await {}
+            return;
+        }
         while let Some(Ok(msg)) = ws.next().await {
             if msg.is_text() || msg.is_binary() {
                 if ws.send(msg).await.is_err() {

@@ -1,0 +1,340 @@
+//! The pure head phases of an intercepted request: whether its authority names the CONNECT
+//! target, the request head rewritten for the upstream (stubs swapped, hop-by-hop fields out,
+//! codings the sidecar can decode), and the response head redacted for the client. No I/O.
+
+use http::header::{self, HeaderValue};
+use http::{request, response, Method, StatusCode, Uri, Version};
+
+use crate::connect::Target;
+use crate::decode::{self, Coding};
+use crate::headers::strip_hop_by_hop;
+use crate::hosts::TargetHost;
+use crate::refusal::{BlockReason, ErrorKind, Refusal};
+use crate::rewrite::{self, Exfiltration, HostRules, Injections};
+use crate::secrets::SecretSet;
+
+/// Whether a request's authority (h2 `:authority`, else `Host`) names the CONNECT target.
+pub(crate) fn authority_matches(parts: &request::Parts, target: &Target) -> bool {
+    let from_host;
+    let authority = match parts.uri.authority() {
+        Some(a) => a,
+        None => match parts
+            .headers
+            .get(header::HOST)
+            .and_then(|h| h.to_str().ok())
+            .and_then(|h| h.parse::<http::uri::Authority>().ok())
+        {
+            Some(a) => {
+                from_host = a;
+                &from_host
+            }
+            // HTTP/1.0 clients may omit Host; the CONNECT target then stands.
+            None => return parts.version < Version::HTTP_11,
+        },
+    };
+    authority.port_u16().is_none_or(|p| p == target.port) && host_matches(authority.host(), &target.host)
+}
+
+/// `host` (as written in a request) names `target`. The common case, the name exactly as the
+/// CONNECT target had it, is a case-insensitive comparison; anything else is parsed and normalized.
+pub(crate) fn host_matches(host: &str, target: &TargetHost) -> bool {
+    match target {
+        TargetHost::Name(name) if host.eq_ignore_ascii_case(name) => true,
+        _ => TargetHost::parse(host) == *target,
+    }
+}
+
+/// The refusal for a stub sent toward a host its secret is not bound to.
+pub(crate) fn exfiltration(ex: Exfiltration, target: &Target) -> Refusal {
+    tracing::warn!(host = %target.host, secret = %ex.secret, location = ex.location.as_str(), "stub sent to a host its secret is not bound to; refused");
+    Refusal::Blocked {
+        reason: BlockReason::StubExfiltration,
+        host: target.host.to_string(),
+        secret: Some((ex.secret, ex.location.as_str())),
+        detail: None,
+    }
+}
+
+/// Rewrite the request head for the upstream, in place: the request target's query swapped (a
+/// foreign stub in the path refuses), an absolute `https` URI toward `authority`, hop-by-hop
+/// fields out (`Upgrade` kept for an upgrade), `Host` and `Expect` out (our own server side
+/// answered `100-continue`, RFC 9110 §10.1.1), every header value swapped. When the sidecar
+/// redacts (`redacts`), `Accept-Encoding` offers only codings it decodes; a request that carried a
+/// real value loses `Range`/`If-Range`, so a reflected value never comes back in two halves.
+pub(crate) fn rewrite_request(
+    parts: &mut request::Parts,
+    rules: &HostRules<'_>,
+    target: &Target,
+    authority: Option<&http::uri::Authority>,
+    upgrade: bool,
+    injections: &mut Injections,
+) -> Result<(), Refusal> {
+    let pq = parts.uri.path_and_query().map_or("/", |pq| pq.as_str());
+    let swapped = rules
+        .path_and_query(pq, injections)
+        .map_err(|ex| exfiltration(ex, target))?;
+    let pq = match swapped {
+        Some(s) => http::uri::PathAndQuery::try_from(s),
+        None => http::uri::PathAndQuery::try_from(pq),
+    };
+    let uri = match (authority, pq) {
+        (Some(authority), Ok(pq)) => {
+            let mut uri = http::uri::Parts::default();
+            uri.scheme = Some(http::uri::Scheme::HTTPS);
+            uri.authority = Some(authority.clone());
+            uri.path_and_query = Some(pq);
+            Uri::from_parts(uri).ok()
+        }
+        _ => None,
+    };
+    parts.uri = uri.ok_or_else(|| Refusal::bad_request("the request target is not a valid URI"))?;
+    parts.version = Version::HTTP_11;
+
+    strip_hop_by_hop(&mut parts.headers, upgrade);
+    parts.headers.remove(header::HOST);
+    parts.headers.remove(header::EXPECT);
+    for (name, value) in parts.headers.iter_mut() {
+        if let Some(swapped) = rules
+            .header_value(value.as_bytes(), injections)
+            .map_err(|ex| exfiltration(ex, target))?
+        {
+            *value = HeaderValue::from_bytes(&swapped).map_err(|_| {
+                tracing::error!(header = %name, "a secret value is not a valid header value");
+                Refusal::failed(
+                    ErrorKind::InvalidSecretValue,
+                    &target.host,
+                    "a secret's value cannot be sent in a header",
+                )
+            })?;
+        }
+    }
+
+    if rules.set().value_automaton().is_some() {
+        match parts.headers.get(header::ACCEPT_ENCODING).map(decode::offer) {
+            Some(Some(offered)) => {
+                parts.headers.insert(header::ACCEPT_ENCODING, offered);
+            }
+            Some(None) => {
+                parts.headers.remove(header::ACCEPT_ENCODING);
+            }
+            None => {}
+        }
+    }
+    if upgrade && rules.set().value_automaton().is_some() {
+        // No WebSocket extension: a compressed frame would hide a reflected value (W04).
+        parts.headers.remove(header::SEC_WEBSOCKET_EXTENSIONS);
+    }
+    if !injections.is_empty() {
+        parts.headers.remove(header::RANGE);
+        parts.headers.remove(header::IF_RANGE);
+    }
+    Ok(())
+}
+
+/// Whether the request body is identity-coded (the only coding whose stubs are swapped).
+pub(crate) fn identity_body(parts: &request::Parts) -> bool {
+    parts
+        .headers
+        .get(header::CONTENT_ENCODING)
+        .is_none_or(|v| v.as_bytes().eq_ignore_ascii_case(b"identity"))
+}
+
+/// Whether a response to `method` with this status has no body (RFC 9110 §6.4.1).
+pub(crate) fn bodyless(method: &Method, status: StatusCode) -> bool {
+    method == Method::HEAD || status == StatusCode::NO_CONTENT || status == StatusCode::NOT_MODIFIED
+}
+
+/// Redact the response head for the client, in place: hop-by-hop fields out, every header value
+/// with a real value (in any form the redactor knows) replaced by its stub.
+pub(crate) fn redact_response(parts: &mut response::Parts, secrets: &SecretSet) {
+    strip_hop_by_hop(&mut parts.headers, false);
+    // A value that cannot be written redacted is not written at all (empty).
+    for (_, value) in parts.headers.iter_mut() {
+        if let Some(redacted) = rewrite::redact_value(secrets, value.as_bytes()) {
+            *value = HeaderValue::from_bytes(&redacted).unwrap_or_else(|_| HeaderValue::from_static(""));
+        }
+    }
+}
+
+/// The codings to undo before redacting the body, with `Content-Encoding` (and, when something is
+/// decoded, `Content-Length`) taken out of the head: the client gets identity. A coding the sidecar
+/// cannot decode refuses: what it cannot redact, it does not relay.
+pub(crate) fn take_codings(parts: &mut response::Parts, host: &TargetHost) -> Result<Vec<Coding>, Refusal> {
+    let Some(encoding) = parts.headers.get(header::CONTENT_ENCODING) else {
+        return Ok(Vec::new());
+    };
+    let codings = decode::codings(encoding).map_err(|what| {
+        Refusal::failed(
+            ErrorKind::UndecodableEncoding,
+            host,
+            format!("the upstream answered with {what}, which the vault cannot decode to redact"),
+        )
+    })?;
+    parts.headers.remove(header::CONTENT_ENCODING);
+    if !codings.is_empty() {
+        parts.headers.remove(header::CONTENT_LENGTH);
+    }
+    Ok(codings)
+}
+
+/// `Content-Length`, when present and valid.
+pub(crate) fn content_length(headers: &http::HeaderMap) -> Option<u64> {
+    headers
+        .get(header::CONTENT_LENGTH)
+        .and_then(|v| v.to_str().ok())
+        .and_then(|v| v.parse().ok())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::connect::parse_target;
+    use crate::hosts::HostSet;
+    use crate::secrets::{Location, LocationSet, Secret};
+
+    const STUB: &str = "lap_stub_anthropic_0123456789";
+    const REAL: &str = "sk-ant-real-value-0123456789";
+
+    fn set() -> SecretSet {
+        let mut locations = LocationSet::default();
+        for l in [Location::Header, Location::Query, Location::Body] {
+            locations.insert(l);
+        }
+        SecretSet::new(vec![Secret {
+            name: "anthropic".into(),
+            stub: STUB.into(),
+            value: REAL.into(),
+            hosts: HostSet(vec!["api.anthropic.com".parse().expect("pattern")]),
+            locations,
+        }])
+    }
+
+    fn request(uri: &str, headers: &[(&str, &str)]) -> request::Parts {
+        let mut b = http::Request::builder().uri(uri);
+        for (k, v) in headers {
+            b = b.header(*k, *v);
+        }
+        b.body(()).expect("request").into_parts().0
+    }
+
+    fn target(host: &str) -> Target {
+        parse_target(Some(host), Some(443), 443).expect("target")
+    }
+
+    #[test]
+    fn host_matches_the_target_as_written_or_normalized() {
+        let name = TargetHost::parse("api.anthropic.com");
+        for same in ["api.anthropic.com", "API.Anthropic.COM", "api.anthropic.com."] {
+            assert!(host_matches(same, &name), "{same}");
+        }
+        for other in ["api.anthropic.co", "evil.example", "api.anthropic.com.evil.example", ""] {
+            assert!(!host_matches(other, &name), "{other}");
+        }
+        let ip = TargetHost::parse("127.0.0.1");
+        for same in ["127.0.0.1", "0x7f.0.0.1", "2130706433"] {
+            assert!(host_matches(same, &ip), "{same}");
+        }
+        assert!(!host_matches("127.0.0.2", &ip));
+        assert!(host_matches("[::1]", &TargetHost::parse("::1")));
+    }
+
+    #[test]
+    fn the_authority_must_name_the_connect_target_and_its_port() {
+        let t = target("api.anthropic.com");
+        assert!(authority_matches(&request("/", &[("host", "api.anthropic.com")]), &t));
+        assert!(authority_matches(
+            &request("/", &[("host", "api.anthropic.com:443")]),
+            &t
+        ));
+        assert!(!authority_matches(
+            &request("/", &[("host", "api.anthropic.com:8443")]),
+            &t
+        ));
+        assert!(!authority_matches(&request("/", &[("host", "evil.example")]), &t));
+        assert!(!authority_matches(&request("https://evil.example/", &[]), &t));
+        assert!(!authority_matches(&request("/", &[]), &t), "HTTP/1.1 without Host");
+    }
+
+    #[test]
+    fn the_request_head_is_swapped_toward_its_host_and_stripped_of_hop_by_hop_fields() {
+        let set = set();
+        let t = target("api.anthropic.com");
+        let rules = HostRules::new(&set, &t.host);
+        let authority: http::uri::Authority = "api.anthropic.com".parse().expect("authority");
+        let mut parts = request(
+            &format!("/v1/messages?key={STUB}"),
+            &[
+                ("host", "api.anthropic.com"),
+                ("x-api-key", STUB),
+                ("connection", "keep-alive, x-drop"),
+                ("x-drop", "1"),
+                ("expect", "100-continue"),
+                ("accept-encoding", "gzip, compress;q=0.5, br"),
+                ("range", "bytes=0-10"),
+            ],
+        );
+        let mut inj = Injections::default();
+        rewrite_request(&mut parts, &rules, &t, Some(&authority), false, &mut inj).expect("rewritten");
+        assert_eq!(
+            parts.uri.to_string(),
+            format!("https://api.anthropic.com/v1/messages?key={REAL}")
+        );
+        assert_eq!(parts.headers["x-api-key"], REAL);
+        for gone in ["host", "connection", "x-drop", "expect", "range"] {
+            assert!(parts.headers.get(gone).is_none(), "{gone} removed");
+        }
+        assert_eq!(parts.headers["accept-encoding"], "gzip, br");
+        let locations: Vec<Location> = inj.0.iter().map(|(_, l)| *l).collect();
+        assert!(
+            locations.contains(&Location::Header) && locations.contains(&Location::Query),
+            "{locations:?}"
+        );
+    }
+
+    #[test]
+    fn a_stub_toward_another_host_is_a_block_naming_its_secret() {
+        let set = set();
+        let t = target("attacker.example");
+        let rules = HostRules::new(&set, &t.host);
+        let authority: http::uri::Authority = "attacker.example".parse().expect("authority");
+        let mut parts = request("/", &[("authorization", &format!("Bearer {STUB}"))]);
+        let err = rewrite_request(
+            &mut parts,
+            &rules,
+            &t,
+            Some(&authority),
+            false,
+            &mut Injections::default(),
+        )
+        .expect_err("refused");
+        assert_eq!(err.audit_blocked(), Some("stub-exfiltration"));
+        assert_eq!(err.blocked_secret(), Some("anthropic"));
+    }
+
+    #[test]
+    fn the_response_head_is_redacted_and_its_codings_taken_out() {
+        let set = set();
+        let mut parts = http::Response::builder()
+            .header("x-echo", format!("key={REAL}"))
+            .header("content-encoding", "gzip")
+            .header("content-length", "10")
+            .header("connection", "close")
+            .body(())
+            .expect("response")
+            .into_parts()
+            .0;
+        redact_response(&mut parts, &set);
+        assert_eq!(parts.headers["x-echo"], format!("key={STUB}"));
+        assert!(parts.headers.get("connection").is_none());
+        let host = TargetHost::parse("api.anthropic.com");
+        assert_eq!(take_codings(&mut parts, &host), Ok(vec![Coding::Gzip]));
+        assert!(parts.headers.get("content-encoding").is_none() && parts.headers.get("content-length").is_none());
+
+        parts
+            .headers
+            .insert("content-encoding", HeaderValue::from_static("compress"));
+        let err = take_codings(&mut parts, &host).expect_err("undecodable");
+        assert_eq!(err.audit_error(), Some("undecodable-encoding"));
+        assert_eq!(err.status(), StatusCode::BAD_GATEWAY);
+    }
+}

@@ -1,0 +1,201 @@
+//! The body phases of an intercepted request: the request body (stubs swapped, exact
+//! `Content-Length` kept for small bodies), the response (head redacted, body decoded and
+//! redacted), and the relay that streams it to the client and finishes the request when it ends.
+
+use std::sync::atomic::Ordering;
+
+use bytes::Bytes;
+use http::header::{self, HeaderValue};
+use http::{request, response, Response, StatusCode, Version};
+use http_body_util::BodyExt;
+use hyper::body::Incoming;
+use hyper_util::rt::TokioIo;
+
+use super::context::{Outcome, RequestContext};
+use super::{head, EXACT_LENGTH_LIMIT};
+use crate::body::{DrainOnDrop, StreamBody};
+use crate::refusal::{self, ErrorKind, Refusal};
+use crate::rewrite::{self, HostRules, StreamRewriter};
+use crate::secrets::SecretSet;
+use crate::upstream::{BoxError, ProxyBody};
+
+/// What follows the response head.
+pub(crate) enum Relay {
+    /// A body, redacted when a redactor is given.
+    Body(ProxyBody, Option<StreamRewriter>),
+    /// A protocol switch (WebSocket): client and upstream upgrades to join.
+    Upgrade(hyper::upgrade::OnUpgrade, hyper::upgrade::OnUpgrade),
+    Empty,
+}
+
+/// The request body for the upstream: stubs swapped when the host's rules swap body stubs and the
+/// body is identity-coded (a compressed upload passes untouched). A body up to
+/// [`EXACT_LENGTH_LIMIT`] is rewritten whole with an exact `Content-Length`; a larger one streams
+/// chunked.
+pub(crate) async fn request_body(
+    body: DrainOnDrop,
+    parts: &mut request::Parts,
+    rules: &HostRules<'_>,
+    ctx: &RequestContext,
+) -> Result<ProxyBody, Refusal> {
+    let counters = &ctx.counters;
+    let rewriter = if http_body::Body::is_end_stream(&body) {
+        None
+    } else {
+        rules.body_rewriter()
+    };
+    let rewriter = match rewriter {
+        Some(_) if !head::identity_body(parts) => {
+            tracing::info!(host = %ctx.target().host, "request body is compressed; body stubs are not swapped");
+            None
+        }
+        rw => rw,
+    };
+    let Some(mut rw) = rewriter else {
+        return Ok(StreamBody::new(body, None, counters.bytes_up.clone(), None).boxed_unsync());
+    };
+    match head::content_length(&parts.headers) {
+        Some(len) if len <= EXACT_LENGTH_LIMIT => {
+            let whole = body.collect().await.map_err(|e| {
+                tracing::debug!(error = %e, "client request body ended early");
+                Refusal::bad_request("the request body ended before Content-Length")
+            })?;
+            let mut out = rw.push(whole.to_bytes()).to_vec();
+            out.extend_from_slice(&rw.finish());
+            *counters.body_hits.lock().unwrap_or_else(|p| p.into_inner()) = rw.hits().to_vec();
+            counters.bytes_up.fetch_add(out.len() as u64, Ordering::Relaxed);
+            parts
+                .headers
+                .insert(header::CONTENT_LENGTH, HeaderValue::from(out.len()));
+            Ok(refusal::full(Bytes::from(out)))
+        }
+        _ => {
+            parts.headers.remove(header::CONTENT_LENGTH);
+            let c = counters.clone();
+            let on_end = Box::new(move |hits: &[u64]| {
+                *c.body_hits.lock().unwrap_or_else(|p| p.into_inner()) = hits.to_vec();
+            });
+            Ok(StreamBody::new(body, Some(rw), counters.bytes_up.clone(), Some(on_end)).boxed_unsync())
+        }
+    }
+}
+
+/// The upstream's response made safe for the client: an upgrade joined, else the head redacted
+/// and the body decoded (when compressed) and redacted. Small bodies whose redaction may change
+/// their length are redacted whole, keeping an exact `Content-Length`.
+pub(crate) async fn respond(
+    mut resp: Response<Incoming>,
+    client_upgrade: Option<hyper::upgrade::OnUpgrade>,
+    ctx: &mut RequestContext,
+) -> Result<(response::Parts, Relay), Refusal> {
+    if resp.status() == StatusCode::SWITCHING_PROTOCOLS {
+        let relay = client_upgrade.map(|c| Relay::Upgrade(c, hyper::upgrade::on(&mut resp)));
+        let (parts, _) = resp.into_parts();
+        return Ok((parts, relay.unwrap_or(Relay::Empty)));
+    }
+    let secrets = ctx.secrets.clone();
+    let (mut parts, body) = resp.into_parts();
+    head::redact_response(&mut parts, &secrets);
+    let mut redactor = if head::bodyless(ctx.method(), parts.status) {
+        None
+    } else {
+        rewrite::redactor(&secrets)
+    };
+    let mut body: ProxyBody = body.map_err(BoxError::from).boxed_unsync();
+    if redactor.is_some() {
+        let codings = head::take_codings(&mut parts, &ctx.target().host)?;
+        if !codings.is_empty() {
+            body = crate::decode::decoded(body, &codings);
+        }
+    }
+    if let Some(rw) = redactor.as_mut().filter(|_| !same_lengths(&secrets)) {
+        match head::content_length(&parts.headers) {
+            Some(len) if len <= EXACT_LENGTH_LIMIT => {
+                let whole = body
+                    .collect()
+                    .await
+                    .map_err(|e| Refusal::failed(ErrorKind::UpstreamProtocol, &ctx.target().host, e.to_string()))?;
+                let mut out = rw.push(whole.to_bytes()).to_vec();
+                out.extend_from_slice(&rw.finish());
+                parts
+                    .headers
+                    .insert(header::CONTENT_LENGTH, HeaderValue::from(out.len()));
+                body = refusal::full(Bytes::from(out));
+            }
+            _ => {
+                parts.headers.remove(header::CONTENT_LENGTH);
+            }
+        }
+    }
+    Ok((parts, Relay::Body(body, redactor)))
+}
+
+/// Relay the response to the client; the request finishes when its body ends (or the upgraded
+/// connection closes, or the client goes away).
+pub(crate) fn finish(ctx: RequestContext, mut parts: response::Parts, relay: Relay) -> Response<ProxyBody> {
+    let m = &ctx.proxy().metrics;
+    m.request_duration
+        .observe((ctx.prepared + ctx.upstream_time).as_secs_f64());
+    m.added_latency
+        .observe(ctx.elapsed().saturating_sub(ctx.upstream_time).as_secs_f64());
+    let status = parts.status.as_u16();
+    let counters = ctx.counters.clone();
+    let secrets = ctx.secrets.clone();
+    let on_end: crate::body::OnEnd = Box::new(move |redactions: &[u64]| {
+        ctx.finish(status, Outcome::Relayed { redactions });
+    });
+    let body = match relay {
+        Relay::Body(body, redactor) => StreamBody::new(body, redactor, counters.bytes_down.clone(), Some(on_end))
+            .redacting_trailers(secrets)
+            .boxed_unsync(),
+        Relay::Upgrade(client, upstream) => {
+            // Raw bytes both ways once both sides have switched; finished when the relay ends.
+            // WebSocket messages are redacted frame by frame (W04); any other protocol the sidecar
+            // cannot read is relayed as is.
+            let websocket = is_websocket(&parts.headers);
+            let secrets = secrets.clone();
+            tokio::spawn(async move {
+                let mut hits = Vec::new();
+                if let (Ok(c), Ok(u)) = (client.await, upstream.await) {
+                    let (c, u) = (TokioIo::new(c), TokioIo::new(u));
+                    let (up, down) = if websocket && secrets.value_automaton().is_some() {
+                        let (up, down, h) = crate::ws::relay(c, u, secrets).await;
+                        hits = h;
+                        (up, down)
+                    } else {
+                        let (mut c, mut u) = (c, u);
+                        tokio::io::copy_bidirectional(&mut c, &mut u).await.unwrap_or((0, 0))
+                    };
+                    counters.bytes_up.fetch_add(up, Ordering::Relaxed);
+                    counters.bytes_down.fetch_add(down, Ordering::Relaxed);
+                }
+                on_end(&hits);
+            });
+            refusal::empty()
+        }
+        Relay::Empty => {
+            on_end(&[]);
+            refusal::empty()
+        }
+    };
+    parts.version = Version::HTTP_11;
+    Response::from_parts(parts, body)
+}
+
+/// `Upgrade: websocket` (RFC 6455 §4.2.2).
+fn is_websocket(headers: &http::HeaderMap) -> bool {
+    headers
+        .get(header::UPGRADE)
+        .and_then(|v| v.to_str().ok())
+        .is_some_and(|v| v.split(',').any(|p| p.trim().eq_ignore_ascii_case("websocket")))
+}
+
+/// Whether every redaction pattern has the same length as its replacement (then
+/// `Content-Length` holds).
+fn same_lengths(secrets: &SecretSet) -> bool {
+    let (patterns, replacements) = secrets.redaction();
+    patterns
+        .iter()
+        .zip(replacements.iter())
+        .all(|(p, r)| r.as_ref().is_none_or(|r| r.len() == p.len()))
+}
