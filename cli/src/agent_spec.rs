@@ -52,7 +52,7 @@ pub(crate) enum FlagError {
     EnvUnset(String),
     #[error("--env-host {0}: expected KEY=HOST[,HOST]")]
     EnvHost(String),
-    #[error("--clear {0}: one of model, prompt, repo, branch, secrets, allow-out, deny-out, env")]
+    #[error("--clear {0}: one of secrets, allow-out, deny-out, env (model, prompt, repo and branch can be changed, not unset)")]
     Clear(String),
     #[error("--harness is required: claude-code, codex, opencode or claude-agent-sdk")]
     NoHarness,
@@ -205,10 +205,8 @@ pub(crate) fn patch_body(
     }
     for c in &e.clear {
         let (key, empty) = match c.as_str() {
-            "model" => ("model", Value::Null),
-            "prompt" => ("prompt", Value::Null),
-            "repo" => ("repo_url", Value::Null),
-            "branch" => ("branch", Value::Null),
+            // The server reads `"model": null` as "not given" (PatchAgent's plain
+            // Option<Option<_>>), so model, prompt, repo and branch cannot be unset yet.
             "secrets" => ("secrets", json!([])),
             "allow-out" => ("allow_out", json!([])),
             "deny-out" => ("deny_out", json!([])),
@@ -279,13 +277,13 @@ mod tests {
         let e = Edit {
             add_secrets: vec!["C".into(), "A".into()],
             remove_secrets: vec!["B".into()],
-            clear: vec!["repo".into()],
+            clear: vec!["deny-out".into()],
             ..Edit::default()
         };
         let b = patch_body(&current, &f, &e, env).unwrap();
         assert_eq!(
             b,
-            json!({"model": "opus", "secrets": ["A", "C"], "repo_url": null,
+            json!({"model": "opus", "secrets": ["A", "C"], "deny_out": [],
                    "env_vars": {"OLD": "<redacted>", "NEW": "1"}})
         );
         let replace = AgentFlags {
@@ -301,12 +299,12 @@ mod tests {
             Err(FlagError::NothingToChange)
         );
         let bad = Edit {
-            clear: vec!["name".into()],
+            clear: vec!["model".into()],
             ..Edit::default()
         };
         assert_eq!(
             patch_body(&current, &AgentFlags::default(), &bad, env),
-            Err(FlagError::Clear("name".into()))
+            Err(FlagError::Clear("model".into()))
         );
     }
 }

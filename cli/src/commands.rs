@@ -480,7 +480,12 @@ pub(crate) async fn run(args: RunArgs) -> Result<ExitCode> {
 /// prints its API error as an assistant block, then fails the turn with the same words).
 fn already_shown(error: &str, shown: &[String]) -> bool {
     let e = error.trim();
-    !e.is_empty() && shown.iter().any(|t| t.trim() == e || t.contains(e))
+    // The server may prefix it ("the agent failed: API Error: …").
+    !e.is_empty()
+        && shown
+            .iter()
+            .map(|t| t.trim())
+            .any(|t| !t.is_empty() && (t.contains(e) || e.ends_with(t)))
 }
 
 pub(crate) async fn send(session: &str, text: &str) -> Result<ExitCode> {
@@ -791,6 +796,7 @@ mod tests {
         let shown = vec!["API Error: Connection error.".to_owned()];
         assert!(already_shown("API Error: Connection error.", &shown));
         assert!(already_shown("  API Error: Connection error.\n", &shown));
+        assert!(already_shown("the agent failed: API Error: Connection error.", &shown));
         assert!(!already_shown("the harness is gone", &shown));
         assert!(!already_shown("", &shown));
         assert!(!already_shown("x", &[]));

@@ -132,7 +132,7 @@ enum AgentsCommand {
         /// Remove a registry secret from its list (repeatable).
         #[arg(long = "rm-secret", value_name = "NAME")]
         remove_secrets: Vec<String>,
-        /// Unset a field: model, prompt, repo, branch, secrets, allow-out, deny-out, env (repeatable).
+        /// Empty a list: secrets, allow-out, deny-out, env (repeatable).
         #[arg(long, value_name = "FIELD")]
         clear: Vec<String>,
     },
