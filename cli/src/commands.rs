@@ -436,7 +436,8 @@ pub(crate) async fn attach(session: &str) -> Result<ExitCode> {
     let c = client()?;
     let mut s = find_session(&c, session).await?;
     if s["status"] == "creating" {
-        s = wait_ready(&c, &str_of(&s, "id").to_owned()).await?;
+        let id = str_of(&s, "id").to_owned();
+        s = wait_ready(&c, &id).await?;
     }
     settled(&s)?;
     attach_ready(&c, &s).await
