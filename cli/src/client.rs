@@ -10,18 +10,41 @@ const BASE: &str = "/api/v1/managed_agents";
 /// A failed call.
 #[derive(Debug, thiserror::Error)]
 pub(crate) enum ClientError {
-    #[error("cannot reach the LAP server at {url}: {source}")]
-    Unreachable {
-        url: String,
-        #[source]
-        source: reqwest::Error,
-    },
+    #[error("the LAP server at {url} is unreachable ({cause}): is `lap-server` running there? (`lap login --url URL` or LAP_URL points lap at another)")]
+    Unreachable { url: String, cause: String },
+    #[error("the server refused the key (401: {message}): run `lap login`, or set MASTER_KEY")]
+    Unauthorized { message: String },
     #[error("{status}: {message}")]
     Api { status: u16, message: String },
     #[error("the server sent an unreadable answer: {0}")]
     Decode(String),
     #[error("{0}")]
     NotFound(String),
+}
+
+/// The server's advice in `lap`'s words: its messages name API calls (`POST /api/v1/secrets`)
+/// where a `lap` user has a command.
+pub(crate) fn cli_words(message: &str) -> String {
+    const PHRASES: &[(&str, &str)] = &[
+        ("(POST /api/v1/secrets)", "(`lap secrets set NAME --host HOST` adds it)"),
+        (
+            "stop them (DELETE /sessions/{id}) or delete with ?stop_sessions=true",
+            "stop them (`lap stop SESSION`) or remove it with `lap agents rm AGENT --stop-sessions`",
+        ),
+    ];
+    PHRASES
+        .iter()
+        .fold(message.to_owned(), |m, (api, cli)| m.replace(api, cli))
+}
+
+/// The innermost cause of an error (`Connection refused`), which says what happened; the
+/// outer layers only say where.
+fn root_cause(e: &(dyn std::error::Error + 'static)) -> String {
+    let mut cur = e;
+    while let Some(next) = cur.source() {
+        cur = next;
+    }
+    cur.to_string()
 }
 
 /// A REST client for one server.
@@ -36,9 +59,9 @@ impl Client {
         let http = reqwest::Client::builder()
             .no_proxy()
             .build()
-            .map_err(|source| ClientError::Unreachable {
+            .map_err(|e| ClientError::Unreachable {
                 url: creds.url.clone(),
-                source,
+                cause: root_cause(&e),
             })?;
         Ok(Self { creds, http })
     }
@@ -54,9 +77,9 @@ impl Client {
     }
 
     async fn send(&self, req: reqwest::RequestBuilder) -> Result<reqwest::Response, ClientError> {
-        let r = req.send().await.map_err(|source| ClientError::Unreachable {
+        let r = req.send().await.map_err(|e| ClientError::Unreachable {
             url: self.creds.url.clone(),
-            source,
+            cause: root_cause(&e),
         })?;
         if r.status().is_success() {
             return Ok(r);
@@ -67,6 +90,10 @@ impl Client {
             .ok()
             .and_then(|v| v.get("error").and_then(|e| e.as_str()).map(str::to_owned))
             .unwrap_or(text);
+        let message = cli_words(&message);
+        if status == 401 {
+            return Err(ClientError::Unauthorized { message });
+        }
         Err(ClientError::Api { status, message })
     }
 
@@ -154,6 +181,64 @@ impl Client {
         .await
     }
 
+    /// `POST /agents`.
+    pub(crate) async fn create_agent(&self, body: &Value) -> Result<Value, ClientError> {
+        self.json(
+            self.request(reqwest::Method::POST, &format!("{BASE}/agents"))
+                .json(body),
+        )
+        .await
+    }
+
+    /// `PATCH /agents/{id}`.
+    pub(crate) async fn patch_agent(&self, id: &str, body: &Value) -> Result<Value, ClientError> {
+        self.json(
+            self.request(reqwest::Method::PATCH, &format!("{BASE}/agents/{id}"))
+                .json(body),
+        )
+        .await
+    }
+
+    /// `DELETE /agents/{id}[?stop_sessions=true]`.
+    pub(crate) async fn delete_agent(&self, id: &str, stop_sessions: bool) -> Result<(), ClientError> {
+        let q = if stop_sessions { "?stop_sessions=true" } else { "" };
+        self.send(self.request(reqwest::Method::DELETE, &format!("{BASE}/agents/{id}{q}")))
+            .await
+            .map(drop)
+    }
+
+    /// `DELETE /sessions/{id}`: stops it; the session as it is now.
+    pub(crate) async fn stop_session(&self, id: &str) -> Result<Value, ClientError> {
+        self.json(self.request(reqwest::Method::DELETE, &format!("{BASE}/sessions/{id}")))
+            .await
+    }
+
+    /// `GET /api/v1/audit?session_id=…`: every audit event of a session, oldest first.
+    pub(crate) async fn audit(&self, session_id: &str) -> Result<Vec<Value>, ClientError> {
+        self.all(&format!("/api/v1/audit?session_id={session_id}")).await
+    }
+
+    /// `GET /sessions/{id}/interceptions`: the vault's audit events of a session, pulled from its
+    /// sidecar first when it is ready (so they are current), oldest first.
+    pub(crate) async fn interceptions(&self, id: &str) -> Result<Vec<Value>, ClientError> {
+        let v = self
+            .json(self.request(reqwest::Method::GET, &format!("{BASE}/sessions/{id}/interceptions")))
+            .await?;
+        Ok(v.as_array().cloned().unwrap_or_default())
+    }
+
+    /// `GET /api/v1/secrets` (values read back redacted).
+    pub(crate) async fn secrets(&self) -> Result<Vec<Value>, ClientError> {
+        self.all("/api/v1/secrets").await
+    }
+
+    /// `DELETE /api/v1/secrets/{name}` (revoked from running sessions too).
+    pub(crate) async fn delete_secret(&self, name: &str) -> Result<(), ClientError> {
+        self.send(self.request(reqwest::Method::DELETE, &format!("/api/v1/secrets/{name}")))
+            .await
+            .map(drop)
+    }
+
     /// `PUT /api/v1/secrets/{name}` (creates or rotates).
     pub(crate) async fn put_secret(
         &self,
@@ -167,5 +252,26 @@ impl Client {
                 .json(&json!({ "value": value, "hosts": hosts, "locations": locations })),
         )
         .await
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn api_advice_becomes_commands() {
+        assert_eq!(
+            cli_words("secrets[0]: no secret named `X` in the registry (POST /api/v1/secrets)"),
+            "secrets[0]: no secret named `X` in the registry (`lap secrets set NAME --host HOST` adds it)"
+        );
+        let m = cli_words(
+            "agent `a` has running sessions: s; stop them (DELETE /sessions/{id}) or delete with ?stop_sessions=true",
+        );
+        assert!(
+            m.contains("lap agents rm AGENT --stop-sessions") && !m.contains("DELETE"),
+            "{m}"
+        );
+        assert_eq!(cli_words("other"), "other");
     }
 }

@@ -9,11 +9,12 @@ use anyhow::{bail, Context, Result};
 use futures_util::StreamExt;
 use serde_json::{json, Value};
 
-use crate::client::Client;
+use crate::agent_spec::{self, AgentFlags, Edit};
+use crate::client::{Client, ClientError};
 use crate::config::{self, Saved};
 use crate::stream::{agent_text, SseParser};
 use crate::terminal::{self, End};
-use crate::RunArgs;
+use crate::{harness_keys, resolve, vault_events, when, RunArgs};
 
 const SPINNER: [&str; 10] = ["⠋", "⠙", "⠹", "⠸", "⠼", "⠴", "⠦", "⠧", "⠇", "⠏"];
 /// How long a session may stay `creating` before `lap` gives up waiting (the server has its
@@ -109,10 +110,16 @@ pub(crate) async fn login(url: Option<String>) -> Result<ExitCode> {
         bail!("no key given");
     }
     let creds = config::Creds { url, key };
-    Client::new(creds.clone())?
-        .check()
-        .await
-        .context("the server refused the key")?;
+    match Client::new(creds.clone())?.check().await {
+        Ok(()) => {}
+        Err(ClientError::Unauthorized { message }) => {
+            bail!(
+                "the server at {} refused the key (401: {message}); nothing saved",
+                creds.url
+            )
+        }
+        Err(e) => bail!("{e}; nothing saved"),
+    }
     config::save(
         &path,
         &Saved {
@@ -124,10 +131,27 @@ pub(crate) async fn login(url: Option<String>) -> Result<ExitCode> {
     Ok(ExitCode::SUCCESS)
 }
 
-pub(crate) async fn agents() -> Result<ExitCode> {
+/// Print `v` as indented JSON (for `--json`).
+fn print_json(v: &Value) -> Result<()> {
+    println!("{}", serde_json::to_string_pretty(v)?);
+    Ok(())
+}
+
+fn list_of(v: &Value, k: &str) -> String {
+    v[k].as_array()
+        .map(|a| a.iter().filter_map(|x| x.as_str()).collect::<Vec<_>>().join(","))
+        .filter(|s| !s.is_empty())
+        .unwrap_or_else(|| "-".to_owned())
+}
+
+pub(crate) async fn agents(json: bool) -> Result<ExitCode> {
     let agents = client()?.agents().await?;
+    if json {
+        print_json(&Value::Array(agents))?;
+        return Ok(ExitCode::SUCCESS);
+    }
     table(
-        &["NAME", "HARNESS", "MODEL", "REPO", "ID"],
+        &["NAME", "HARNESS", "MODEL", "REPO", "SECRETS", "ID"],
         agents
             .iter()
             .map(|a| {
@@ -136,6 +160,7 @@ pub(crate) async fn agents() -> Result<ExitCode> {
                     str_of(a, "harness_id").to_owned(),
                     str_of(a, "model").to_owned(),
                     str_of(a, "repo_url").to_owned(),
+                    list_of(a, "secrets"),
                     str_of(a, "id").to_owned(),
                 ]
             })
@@ -144,7 +169,104 @@ pub(crate) async fn agents() -> Result<ExitCode> {
     Ok(ExitCode::SUCCESS)
 }
 
-pub(crate) async fn sessions(agent: Option<String>) -> Result<ExitCode> {
+/// One agent, as a few labelled lines.
+fn show_agent(a: &Value) {
+    println!("{} ({})", str_of(a, "name"), str_of(a, "id"));
+    let env_names: Vec<&str> = a["env_vars"]
+        .as_object()
+        .map(|o| o.keys().map(String::as_str).collect())
+        .unwrap_or_default();
+    for (label, value) in [
+        ("harness", str_of(a, "harness_id").to_owned()),
+        ("model", str_of(a, "model").to_owned()),
+        ("repo", str_of(a, "repo_url").to_owned()),
+        ("branch", str_of(a, "branch").to_owned()),
+        ("secrets", list_of(a, "secrets")),
+        ("allow out", list_of(a, "allow_out")),
+        ("deny out", list_of(a, "deny_out")),
+        (
+            "env",
+            if env_names.is_empty() {
+                "-".to_owned()
+            } else {
+                env_names.join(",")
+            },
+        ),
+    ] {
+        println!("  {label:<10} {value}");
+    }
+}
+
+fn from_env(k: &str) -> Option<String> {
+    std::env::var(k).ok()
+}
+
+pub(crate) async fn agents_create(name: &str, flags: &AgentFlags, json: bool) -> Result<ExitCode> {
+    let body = agent_spec::create_body(name, flags, from_env)?;
+    let c = client()?;
+    let a = match c.create_agent(&body).await {
+        Err(ClientError::Api { status: 409, .. }) => {
+            bail!("an agent named `{name}` already exists: `lap agents edit {name} …` changes it")
+        }
+        r => r?,
+    };
+    if json {
+        print_json(&a)?;
+    } else {
+        eprintln!("Created agent {name}. Start a session: lap {name}");
+        show_agent(&a);
+    }
+    Ok(ExitCode::SUCCESS)
+}
+
+pub(crate) async fn agents_edit(agent: &str, flags: &AgentFlags, edit: &Edit, json: bool) -> Result<ExitCode> {
+    let c = client()?;
+    let current = c.agent(agent).await?;
+    let body = agent_spec::patch_body(&current, flags, edit, from_env)?;
+    let a = c.patch_agent(str_of(&current, "id"), &body).await?;
+    if json {
+        print_json(&a)?;
+    } else {
+        eprintln!(
+            "Changed agent {} (new sessions get it; running ones keep theirs).",
+            str_of(&a, "name")
+        );
+        show_agent(&a);
+    }
+    Ok(ExitCode::SUCCESS)
+}
+
+pub(crate) async fn agents_rm(agent: &str, stop_sessions: bool) -> Result<ExitCode> {
+    let c = client()?;
+    let a = c.agent(agent).await?;
+    let name = str_of(&a, "name");
+    match c.delete_agent(str_of(&a, "id"), stop_sessions).await {
+        Err(ClientError::Api { status: 409, .. }) if !stop_sessions => bail!(
+            "agent `{name}` has live sessions (`lap sessions --agent {name}`): stop them, or \
+             `lap agents rm {name} --stop-sessions` stops them first"
+        ),
+        r => r?,
+    }
+    eprintln!("Removed agent {name}.");
+    Ok(ExitCode::SUCCESS)
+}
+
+/// The sessions shown by default: all but the stopped ones.
+fn shown(s: &Value, all: bool) -> bool {
+    all || s["status"] != "dead"
+}
+
+/// What a person wants to know beside a session's status: why it failed, where its bring-up
+/// is, else its title.
+fn note(s: &Value) -> String {
+    match str_of(s, "status") {
+        "failed" => s["failure_reason"].as_str().unwrap_or("no reason given").to_owned(),
+        "creating" => format!("phase {}", str_of(s, "phase")),
+        _ => s["title"].as_str().unwrap_or("").to_owned(),
+    }
+}
+
+pub(crate) async fn sessions(agent: Option<String>, all: bool, json: bool) -> Result<ExitCode> {
     let c = client()?;
     let agents = c.agents().await?;
     let name_of: BTreeMap<String, String> = agents
@@ -155,9 +277,19 @@ pub(crate) async fn sessions(agent: Option<String>) -> Result<ExitCode> {
         Some(a) => Some(str_of(&c.agent(&a).await?, "id").to_owned()),
         None => None,
     };
-    let sessions = c.sessions(agent_id.as_deref()).await?;
+    let sessions: Vec<Value> = c
+        .sessions(agent_id.as_deref())
+        .await?
+        .into_iter()
+        .filter(|s| shown(s, all))
+        .collect();
+    if json {
+        print_json(&Value::Array(sessions))?;
+        return Ok(ExitCode::SUCCESS);
+    }
+    let now = when::now_ms();
     table(
-        &["ID", "AGENT", "STATUS", "PHASE", "LAST SEEN", "TITLE"],
+        &["ID", "AGENT", "STATUS", "CREATED", "LAST SEEN", "NOTE"],
         sessions
             .iter()
             .map(|s| {
@@ -166,14 +298,28 @@ pub(crate) async fn sessions(agent: Option<String>) -> Result<ExitCode> {
                     str_of(s, "id").to_owned(),
                     name_of.get(aid).cloned().unwrap_or_else(|| aid.to_owned()),
                     str_of(s, "status").to_owned(),
-                    str_of(s, "phase").to_owned(),
-                    str_of(s, "last_seen_at").to_owned(),
-                    s["title"].as_str().unwrap_or("").to_owned(),
+                    when::ago_text(s["created_at"].as_str(), now),
+                    when::ago_text(s["last_seen_at"].as_str(), now),
+                    note(s),
                 ]
             })
             .collect(),
     );
     Ok(ExitCode::SUCCESS)
+}
+
+/// The session `query` means: an id (one GET), else a unique id prefix or an agent's name
+/// ([`resolve::session`] over every session).
+async fn find_session(c: &Client, query: &str) -> Result<Value> {
+    if query.starts_with("ses_") {
+        match c.session(query).await {
+            Ok(s) => return Ok(s),
+            Err(ClientError::Api { status: 404, .. }) => {}
+            Err(e) => return Err(e.into()),
+        }
+    }
+    let (agents, sessions) = (c.agents().await?, c.sessions(None).await?);
+    Ok(resolve::session(query, &sessions, &agents)?.clone())
 }
 
 /// Follow a session's bring-up until it leaves `creating`: one line per phase (from the
@@ -288,9 +434,10 @@ fn settled(s: &Value) -> Result<()> {
 
 pub(crate) async fn attach(session: &str) -> Result<ExitCode> {
     let c = client()?;
-    let mut s = c.session(session).await?;
+    let mut s = find_session(&c, session).await?;
     if s["status"] == "creating" {
-        s = wait_ready(&c, session).await?;
+        let id = str_of(&s, "id").to_owned();
+        s = wait_ready(&c, &id).await?;
     }
     settled(&s)?;
     attach_ready(&c, &s).await
@@ -298,25 +445,18 @@ pub(crate) async fn attach(session: &str) -> Result<ExitCode> {
 
 /// `-e KEY` (value from this environment) or `-e KEY=VALUE`.
 fn env_vars(specs: &[String]) -> Result<BTreeMap<String, String>> {
-    let mut out = BTreeMap::new();
-    for spec in specs {
-        let (k, v) = match spec.split_once('=') {
-            Some((k, v)) => (k.to_owned(), v.to_owned()),
-            None => {
-                let v = std::env::var(spec)
-                    .with_context(|| format!("-e {spec}: `{spec}` is not set in this environment"))?;
-                (spec.clone(), v)
-            }
-        };
-        out.insert(k, v);
-    }
-    Ok(out)
+    agent_spec::env_values(specs, from_env).map_err(|e| anyhow::anyhow!("{}", e.to_string().replacen("--env", "-e", 2)))
 }
 
 pub(crate) async fn run(args: RunArgs) -> Result<ExitCode> {
     let c = client()?;
     let agent = c.agent(&args.agent).await?;
-    let mut body = json!({ "env_vars": env_vars(&args.env)? });
+    let env = env_vars(&args.env)?;
+    let names: Vec<&str> = env.keys().map(String::as_str).collect();
+    if let Some(w) = harness_keys::missing_key_warning(&agent, &names) {
+        eprintln!("{w}");
+    }
+    let mut body = json!({ "env_vars": env });
     if let Some(t) = &args.title {
         body["title"] = t.clone().into();
     }
@@ -337,30 +477,98 @@ pub(crate) async fn run(args: RunArgs) -> Result<ExitCode> {
     attach_ready(&c, &s).await
 }
 
+/// Whether the text of an `error` event was already shown as the agent's own text (claude
+/// prints its API error as an assistant block, then fails the turn with the same words).
+fn already_shown(error: &str, shown: &[String]) -> bool {
+    let e = error.trim();
+    // The server may prefix it ("the agent failed: API Error: …").
+    !e.is_empty()
+        && shown
+            .iter()
+            .map(|t| t.trim())
+            .any(|t| !t.is_empty() && (t.contains(e) || e.ends_with(t)))
+}
+
 pub(crate) async fn send(session: &str, text: &str) -> Result<ExitCode> {
     let c = client()?;
-    let resp = c.message_stream(session, text).await?;
+    let s = find_session(&c, session).await?;
+    let id = str_of(&s, "id").to_owned();
+    // The vault's interceptions before this message: only newer ones are reported.
+    let mut vault_seen = c.interceptions(&id).await.map(|v| v.len()).unwrap_or(0);
+    let resp = c.message_stream(&id, text).await?;
     let mut body = resp.bytes_stream();
+    let mut vault_poll = tokio::time::interval(Duration::from_secs(2));
+    vault_poll.tick().await;
     let mut parser = SseParser::default();
-    let mut printed = false;
+    let mut shown: Vec<String> = Vec::new();
     let mut out = std::io::stdout();
-    while let Some(chunk) = body.next().await {
+    let tty = std::io::stderr().is_terminal();
+    let started = Instant::now();
+    // Until the agent's first event: say what is happening, with the time it has taken.
+    let mut waiting = true;
+    let mut frame = 0usize;
+    let mut last_note = Instant::now();
+    if !tty {
+        eprintln!("Sent to {id}; waiting for the agent's first event…");
+    }
+    let mut tick = tokio::time::interval(Duration::from_millis(120));
+    let stop_waiting = |waiting: &mut bool| {
+        if *waiting && tty {
+            eprint!("\r\x1b[2K");
+            std::io::stderr().flush().ok();
+        }
+        *waiting = false;
+    };
+    loop {
+        let chunk = tokio::select! {
+            next = body.next() => next,
+            _ = vault_poll.tick() => {
+                // What the vault saw go wrong, as it happens (a DNS failure, a block, …).
+                if let Ok(events) = c.interceptions(&id).await {
+                    for p in events.iter().skip(vault_seen).filter_map(vault_events::problem) {
+                        if waiting && tty {
+                            eprint!("\r\x1b[2K");
+                        }
+                        eprintln!("  vault: {p}");
+                    }
+                    vault_seen = vault_seen.max(events.len());
+                }
+                continue;
+            }
+            _ = tick.tick() => {
+                if waiting {
+                    let secs = started.elapsed().as_secs();
+                    if tty {
+                        eprint!("\r\x1b[2K  {} waiting for {id}'s first event ({secs}s)", SPINNER[frame % SPINNER.len()]);
+                        std::io::stderr().flush().ok();
+                    } else if last_note.elapsed() >= Duration::from_secs(30) {
+                        eprintln!("  still waiting for the agent's first event ({secs}s)");
+                        last_note = Instant::now();
+                    }
+                    frame += 1;
+                }
+                continue;
+            }
+        };
+        let Some(chunk) = chunk else { break };
         let chunk = chunk.context("the reply stream broke")?;
         for ev in parser.feed(&chunk) {
             match ev.event.as_str() {
                 "agent" => {
+                    stop_waiting(&mut waiting);
                     let v: Value = serde_json::from_str(&ev.data).unwrap_or_default();
                     if let Some(t) = agent_text(&v) {
-                        if printed {
+                        if !shown.is_empty() {
                             writeln!(out)?;
                         }
                         write!(out, "{t}")?;
                         out.flush()?;
-                        printed = true;
+                        shown.push(t);
                     }
                 }
                 "message" => {
-                    if !printed {
+                    stop_waiting(&mut waiting);
+                    if shown.is_empty() {
                         let v: Value = serde_json::from_str(&ev.data).unwrap_or_default();
                         let texts: Vec<&str> = v["parts"]
                             .as_array()
@@ -372,17 +580,184 @@ pub(crate) async fn send(session: &str, text: &str) -> Result<ExitCode> {
                     return Ok(ExitCode::SUCCESS);
                 }
                 "error" => {
-                    if printed {
+                    stop_waiting(&mut waiting);
+                    if !shown.is_empty() {
                         writeln!(out)?;
                     }
                     let v: Value = serde_json::from_str(&ev.data).unwrap_or_default();
-                    bail!("{}", v["error"].as_str().unwrap_or(&ev.data));
+                    let error = v["error"].as_str().unwrap_or(&ev.data);
+                    if already_shown(error, &shown) {
+                        bail!(
+                            "the agent's turn failed after {:.0}s (its error is above)",
+                            started.elapsed().as_secs_f64()
+                        );
+                    }
+                    bail!(
+                        "the agent's turn failed after {:.0}s: {error}",
+                        started.elapsed().as_secs_f64()
+                    );
                 }
                 _ => {}
             }
         }
     }
-    bail!("the reply stream ended before the reply")
+    stop_waiting(&mut waiting);
+    bail!("the reply stream ended before the reply (`lap sessions` shows whether {id} is still ready)")
+}
+
+pub(crate) async fn stop(session: &str, json: bool) -> Result<ExitCode> {
+    let c = client()?;
+    let s = find_session(&c, session).await?;
+    let id = str_of(&s, "id");
+    let s = c.stop_session(id).await?;
+    if json {
+        print_json(&s)?;
+    } else {
+        eprintln!("Stopped {} (status {}).", str_of(&s, "id"), str_of(&s, "status"));
+    }
+    Ok(ExitCode::SUCCESS)
+}
+
+/// One audit event's detail, short: its fields as `k=v`, strings unquoted.
+fn detail_text(d: &Value) -> String {
+    match d.as_object() {
+        Some(o) => o
+            .iter()
+            .map(|(k, v)| match v {
+                Value::String(s) => format!("{k}={s}"),
+                other => format!("{k}={other}"),
+            })
+            .collect::<Vec<_>>()
+            .join(" "),
+        None if d.is_null() => String::new(),
+        None => d.to_string(),
+    }
+}
+
+pub(crate) async fn audit(session: &str, json: bool) -> Result<ExitCode> {
+    let c = client()?;
+    let s = find_session(&c, session).await?;
+    let id = str_of(&s, "id");
+    // Pull the vault's newest interceptions into the durable audit first.
+    let _ = c.interceptions(id).await;
+    let rows = c.audit(id).await?;
+    if json {
+        print_json(&Value::Array(rows))?;
+        return Ok(ExitCode::SUCCESS);
+    }
+    if rows.is_empty() {
+        eprintln!("No audit events for {id} yet.");
+        return Ok(ExitCode::SUCCESS);
+    }
+    let now = when::now_ms();
+    table(
+        &["TIME", "KIND", "ACTOR", "SECRETS", "DETAIL"],
+        rows.iter()
+            .map(|r| {
+                vec![
+                    when::ago_text(r["time"].as_str(), now),
+                    str_of(r, "kind").to_owned(),
+                    str_of(r, "actor").to_owned(),
+                    list_of(r, "secrets"),
+                    if r["kind"] == "interception" {
+                        vault_events::summary(&r["detail"])
+                    } else {
+                        detail_text(&r["detail"])
+                    },
+                ]
+            })
+            .collect(),
+    );
+    Ok(ExitCode::SUCCESS)
+}
+
+/// One event of a session's `/events` as a line: `session` changes as status and phase, agent
+/// events as their text when they have one, else their JSON.
+fn event_line(event: &str, data: &str) -> String {
+    let v: Value = serde_json::from_str(data).unwrap_or(Value::Null);
+    match event {
+        "session" => {
+            let mut l = format!(
+                "session {} {} (phase {})",
+                str_of(&v, "id"),
+                str_of(&v, "status"),
+                str_of(&v, "phase")
+            );
+            if let Some(r) = v["failure_reason"].as_str() {
+                l.push_str(&format!(": {r}"));
+            }
+            l
+        }
+        "agent" => match agent_text(&v) {
+            Some(t) => format!("agent: {t}"),
+            None => format!("agent {data}"),
+        },
+        other => format!("{other} {data}"),
+    }
+}
+
+pub(crate) async fn logs(session: &str, follow: bool, quiet_for: u64, json: bool) -> Result<ExitCode> {
+    let c = client()?;
+    let s = find_session(&c, session).await?;
+    let id = str_of(&s, "id").to_owned();
+    let mut events = c.events(&id).await?.bytes_stream();
+    let mut parser = SseParser::default();
+    let quiet = Duration::from_secs(quiet_for);
+    loop {
+        let next = if follow {
+            events.next().await
+        } else {
+            match tokio::time::timeout(quiet, events.next()).await {
+                Ok(n) => n,
+                Err(_) => return Ok(ExitCode::SUCCESS),
+            }
+        };
+        let Some(chunk) = next else {
+            return Ok(ExitCode::SUCCESS);
+        };
+        let chunk = chunk.context("the event stream broke")?;
+        for ev in parser.feed(&chunk) {
+            if json {
+                let data: Value = serde_json::from_str(&ev.data).unwrap_or(Value::String(ev.data.clone()));
+                println!("{}", json!({ "event": ev.event, "data": data }));
+            } else {
+                println!("{}", event_line(&ev.event, &ev.data));
+            }
+        }
+    }
+}
+
+pub(crate) async fn secrets_list(json: bool) -> Result<ExitCode> {
+    let secrets = client()?.secrets().await?;
+    if json {
+        print_json(&Value::Array(secrets))?;
+        return Ok(ExitCode::SUCCESS);
+    }
+    let now = when::now_ms();
+    table(
+        &["NAME", "HOSTS", "LOCATIONS", "UPDATED"],
+        secrets
+            .iter()
+            .map(|s| {
+                vec![
+                    str_of(s, "name").to_owned(),
+                    list_of(s, "hosts"),
+                    list_of(s, "locations"),
+                    when::ago_text(s["updated_at"].as_str(), now),
+                ]
+            })
+            .collect(),
+    );
+    Ok(ExitCode::SUCCESS)
+}
+
+pub(crate) async fn secrets_rm(name: &str) -> Result<ExitCode> {
+    match client()?.delete_secret(name).await {
+        Err(ClientError::Api { status: 404, .. }) => bail!("no secret named `{name}`: `lap secrets list` lists them"),
+        r => r?,
+    }
+    eprintln!("Removed secret {name} (revoked from running sessions that had it).");
+    Ok(ExitCode::SUCCESS)
 }
 
 pub(crate) async fn secrets_set(name: &str, hosts: &[String], locations: &[String]) -> Result<ExitCode> {
@@ -416,6 +791,46 @@ pub(crate) async fn secrets_set(name: &str, hosts: &[String], locations: &[Strin
 mod tests {
     #![allow(clippy::unwrap_used)]
     use super::*;
+
+    #[test]
+    fn an_error_the_agent_already_printed_is_not_repeated() {
+        let shown = vec!["API Error: Connection error.".to_owned()];
+        assert!(already_shown("API Error: Connection error.", &shown));
+        assert!(already_shown("  API Error: Connection error.\n", &shown));
+        assert!(already_shown("the agent failed: API Error: Connection error.", &shown));
+        assert!(!already_shown("the harness is gone", &shown));
+        assert!(!already_shown("", &shown));
+        assert!(!already_shown("x", &[]));
+    }
+
+    #[test]
+    fn sessions_notes_and_event_lines() {
+        let failed = json!({"status": "failed", "failure_reason": "bwrap: not installed"});
+        assert_eq!(note(&failed), "bwrap: not installed");
+        assert_eq!(
+            note(&json!({"status": "creating", "phase": "starting-vault"})),
+            "phase starting-vault"
+        );
+        assert_eq!(note(&json!({"status": "ready", "title": "t"})), "t");
+        assert!(!shown(&json!({"status": "dead"}), false));
+        assert!(shown(&json!({"status": "dead"}), true));
+        assert!(shown(&json!({"status": "failed"}), false));
+        assert_eq!(
+            event_line(
+                "session",
+                r#"{"id":"ses_1","status":"failed","phase":"x","failure_reason":"boom"}"#
+            ),
+            "session ses_1 failed (phase x): boom"
+        );
+        assert_eq!(
+            event_line(
+                "agent",
+                r#"{"type":"item.completed","item":{"type":"agent_message","text":"Done"}}"#
+            ),
+            "agent: Done"
+        );
+        assert_eq!(detail_text(&json!({"host": "a", "n": 2})), "host=a n=2");
+    }
 
     #[test]
     fn env_var_specs() {

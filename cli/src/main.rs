@@ -1,33 +1,50 @@
 //! `lap`: the LAP command line (SPEC §4).
 //!
-//! `lap login`, `lap agents`, `lap sessions`, `lap <agent-name>` (create a session, show its
-//! bring-up, attach), `lap attach <session>`, `lap send <session> TEXT`, `lap secrets set NAME
-//! --host H`. The server and key come from `LAP_URL`/`MASTER_KEY`, else from `lap login`'s file
-//! ([`config`]). Start reading at [`commands`].
+//! `lap <agent-name>` (create a session, show its bring-up, attach) is the main form; then
+//! `lap login`, `lap agents [create|edit|rm]`, `lap sessions`, `lap attach`, `lap send`,
+//! `lap stop`, `lap audit`, `lap logs`, `lap secrets [list|set|rm]`. The server and key come
+//! from `LAP_URL`/`MASTER_KEY`, else from `lap login`'s file ([`config`]). Start reading at
+//! [`commands`]; the pure parts are [`resolve`] (which session a name means), [`agent_spec`]
+//! (flags to request bodies), [`harness_keys`], [`vault_events`], [`when`] and [`stream`].
 
+mod agent_spec;
 mod client;
 mod commands;
 mod config;
+mod harness_keys;
+mod resolve;
 mod stream;
 mod terminal;
+mod vault_events;
+mod when;
 
 use std::process::ExitCode;
 
 use clap::{Parser, Subcommand};
+
+const USAGE: &str = "lap <AGENT> [-e KEY[=VALUE]]... [--title TITLE] [--no-attach]\n       lap [--json] <COMMAND>";
 
 #[derive(Debug, Parser)]
 #[command(
     name = "lap",
     version,
     about = "Run coding agents as isolated LAP sessions",
-    after_help = "Start a session of an agent and attach to its terminal: lap <agent-name>\n\
-                  In a terminal, Ctrl-D detaches; the session keeps running (lap attach <session>)."
+    override_usage = USAGE,
+    before_help = "Start a session of an agent and attach to its terminal:  lap <agent-name> [-e ANTHROPIC_API_KEY]\n\
+                   (Ctrl-D detaches; the session keeps running: lap attach <agent-name|session>)",
+    after_help = "A <SESSION> is a session id, a unique start of one, or an agent's name (its latest ready session).\n\
+                  `lap <agent-name> --help` shows the options of the main form."
 )]
 struct Cli {
+    /// Print JSON (the server's own objects) instead of tables.
+    #[arg(long, global = true)]
+    json: bool,
     #[command(subcommand)]
     command: Command,
 }
 
+// Parsed once per run: the size of the `agents edit` variant costs nothing worth a Box.
+#[allow(clippy::large_enum_variant)]
 #[derive(Debug, Subcommand)]
 enum Command {
     /// Save the server URL and master key (0600) for later commands.
@@ -36,24 +53,55 @@ enum Command {
         #[arg(long)]
         url: Option<String>,
     },
-    /// List agents.
-    Agents,
-    /// List sessions.
+    /// List agents, or create, edit or remove one.
+    Agents {
+        #[command(subcommand)]
+        command: Option<AgentsCommand>,
+    },
+    /// List live sessions (creating, ready, failed); --all adds the stopped (dead) ones.
     Sessions {
         /// Only this agent's (name or id).
         #[arg(long)]
         agent: Option<String>,
+        /// Stopped (dead) sessions too.
+        #[arg(long)]
+        all: bool,
     },
     /// Attach this terminal to a session (Ctrl-D detaches).
-    Attach { session: String },
+    Attach {
+        /// A session id, a unique start of one, or an agent's name.
+        session: String,
+    },
     /// Send a message to a session and stream the reply.
     Send {
+        /// A session id, a unique start of one, or an agent's name.
         session: String,
         /// The message.
         #[arg(required = true, num_args = 1..)]
         text: Vec<String>,
     },
-    /// The secrets registry.
+    /// Stop a session (its sandbox is destroyed; it becomes dead).
+    Stop {
+        /// A session id, a unique start of one, or an agent's name.
+        session: String,
+    },
+    /// A session's audit: the vault's interceptions and the admin actions on it, oldest first.
+    Audit {
+        /// A session id, a unique start of one, or an agent's name.
+        session: String,
+    },
+    /// A session's event log: its state changes and the agent's own events, as they happen.
+    Logs {
+        /// A session id, a unique start of one, or an agent's name.
+        session: String,
+        /// Keep following (until Ctrl-C) instead of stopping once nothing arrives for --quiet-for.
+        #[arg(short, long)]
+        follow: bool,
+        /// Without --follow, stop after this many seconds without an event.
+        #[arg(long, default_value_t = 2)]
+        quiet_for: u64,
+    },
+    /// The secrets registry: list, set (value from stdin) or remove.
     #[command(subcommand)]
     Secrets(SecretsCommand),
     /// `lap <agent-name> [-e KEY]…`: start a session of that agent and attach to it.
@@ -62,7 +110,48 @@ enum Command {
 }
 
 #[derive(Debug, Subcommand)]
+enum AgentsCommand {
+    /// List agents (the default).
+    List,
+    /// Create an agent.
+    Create {
+        name: String,
+        #[command(flatten)]
+        flags: agent_spec::AgentFlags,
+    },
+    /// Change an agent: only the fields given change.
+    Edit {
+        /// The agent's name or id.
+        agent: String,
+        #[command(flatten)]
+        flags: agent_spec::AgentFlags,
+        /// A new name.
+        #[arg(long)]
+        rename: Option<String>,
+        /// Add a registry secret to its list (repeatable).
+        #[arg(long = "add-secret", value_name = "NAME")]
+        add_secrets: Vec<String>,
+        /// Remove a registry secret from its list (repeatable).
+        #[arg(long = "rm-secret", value_name = "NAME")]
+        remove_secrets: Vec<String>,
+        /// Empty a list: secrets, allow-out, deny-out, env (repeatable).
+        #[arg(long, value_name = "FIELD")]
+        clear: Vec<String>,
+    },
+    /// Remove an agent.
+    Rm {
+        /// The agent's name or id.
+        agent: String,
+        /// Stop its running sessions first (otherwise an agent with live sessions is kept).
+        #[arg(long)]
+        stop_sessions: bool,
+    },
+}
+
+#[derive(Debug, Subcommand)]
 enum SecretsCommand {
+    /// List the registry's secrets (names, hosts, locations; never values).
+    List,
     /// Create or rotate a secret; its value is read from stdin, never from the command line.
     Set {
         name: String,
@@ -73,6 +162,8 @@ enum SecretsCommand {
         #[arg(long = "location")]
         locations: Vec<String>,
     },
+    /// Remove a secret (revoked from running sessions that use it).
+    Rm { name: String },
 }
 
 /// `lap <agent-name>`'s own options.
@@ -107,16 +198,46 @@ fn main() -> ExitCode {
             return ExitCode::FAILURE;
         }
     };
+    let json = cli.json;
     let result = runtime.block_on(async {
         match cli.command {
             Command::Login { url } => commands::login(url).await,
-            Command::Agents => commands::agents().await,
-            Command::Sessions { agent } => commands::sessions(agent).await,
+            Command::Agents { command } => match command {
+                None | Some(AgentsCommand::List) => commands::agents(json).await,
+                Some(AgentsCommand::Create { name, flags }) => commands::agents_create(&name, &flags, json).await,
+                Some(AgentsCommand::Edit {
+                    agent,
+                    flags,
+                    rename,
+                    add_secrets,
+                    remove_secrets,
+                    clear,
+                }) => {
+                    let edit = agent_spec::Edit {
+                        rename,
+                        add_secrets,
+                        remove_secrets,
+                        clear,
+                    };
+                    commands::agents_edit(&agent, &flags, &edit, json).await
+                }
+                Some(AgentsCommand::Rm { agent, stop_sessions }) => commands::agents_rm(&agent, stop_sessions).await,
+            },
+            Command::Sessions { agent, all } => commands::sessions(agent, all, json).await,
             Command::Attach { session } => commands::attach(&session).await,
             Command::Send { session, text } => commands::send(&session, &text.join(" ")).await,
+            Command::Stop { session } => commands::stop(&session, json).await,
+            Command::Audit { session } => commands::audit(&session, json).await,
+            Command::Logs {
+                session,
+                follow,
+                quiet_for,
+            } => commands::logs(&session, follow, quiet_for, json).await,
+            Command::Secrets(SecretsCommand::List) => commands::secrets_list(json).await,
             Command::Secrets(SecretsCommand::Set { name, hosts, locations }) => {
                 commands::secrets_set(&name, &hosts, &locations).await
             }
+            Command::Secrets(SecretsCommand::Rm { name }) => commands::secrets_rm(&name).await,
             Command::Agent(args) => match RunArgs::try_parse_from(args) {
                 Ok(a) => commands::run(a).await,
                 Err(e) => e.exit(),

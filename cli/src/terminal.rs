@@ -106,6 +106,14 @@ fn term_size() -> Option<(u16, u16)> {
     crossterm::terminal::size().ok().filter(|(c, r)| *c > 0 && *r > 0)
 }
 
+/// The line shown until the agent's first bytes (raw mode: `\r`, cleared first).
+fn starting_line(elapsed: Duration) -> String {
+    format!(
+        "\r\x1b[2KThe agent is starting ({}s)… Ctrl-D detaches.",
+        elapsed.as_secs()
+    )
+}
+
 /// Attach to `url` with `token` (the session's `tty_token`) until detach, exit or close.
 pub(crate) async fn attach(url_base: &str, tty_path: &str, token: &str) -> Result<End, AttachError> {
     let size = term_size();
@@ -166,11 +174,20 @@ pub(crate) async fn attach(url_base: &str, tty_path: &str, token: &str) -> Resul
     let mut ping = tokio::time::interval(PING_EVERY);
     ping.tick().await;
     let mut stdout = tokio::io::stdout();
+    // Until the agent's first bytes (its TUI takes seconds to start on a first attach), say so
+    // rather than show a blank screen.
+    let starting = std::time::Instant::now();
+    let mut waiting = std::io::IsTerminal::is_terminal(&std::io::stdout());
+    let mut tick = tokio::time::interval(Duration::from_millis(250));
 
     let end = loop {
         tokio::select! {
             m = rx.next() => match m {
                 Some(Ok(Message::Binary(b))) => {
+                    if waiting {
+                        waiting = false;
+                        let _ = stdout.write_all(b"\r\x1b[2K").await;
+                    }
                     if stdout.write_all(&b).await.and(stdout.flush().await).is_err() {
                         break End::Detached;
                     }
@@ -205,6 +222,11 @@ pub(crate) async fn attach(url_base: &str, tty_path: &str, token: &str) -> Resul
             _ = ping.tick() => {
                 let _ = tx.send(Message::Text(r#"{"type":"ping"}"#.into())).await;
             }
+            _ = tick.tick(), if waiting => {
+                let line = starting_line(starting.elapsed());
+                let _ = stdout.write_all(line.as_bytes()).await;
+                let _ = stdout.flush().await;
+            }
             _ = term.recv() => break End::Detached,
             _ = hup.recv() => break End::Detached,
         }
@@ -223,6 +245,12 @@ mod tests {
         assert_eq!(split_detach(b"ab\x04cd"), (&b"ab"[..], true));
         assert_eq!(split_detach(b"\x04"), (&b""[..], true));
         assert_eq!(split_detach(b"\x1b[A"), (&b"\x1b[A"[..], false));
+    }
+
+    #[test]
+    fn the_starting_line_counts_seconds() {
+        let l = starting_line(Duration::from_millis(3400));
+        assert!(l.starts_with("\r\x1b[2K") && l.contains("starting (3s)"), "{l:?}");
     }
 
     #[test]

@@ -18,10 +18,17 @@ static GLOBAL: tikv_jemallocator::Jemalloc = tikv_jemallocator::Jemalloc;
 #[command(
     name = "vault-sidecar",
     version,
-    about = "LAP vault sidecar: swaps credential stubs for real keys on the wire"
+    about = "LAP vault sidecar: swaps credential stubs for real keys on the wire",
+    after_help = "The config file's keys (all optional but inside [[secrets]]):\n  \
+        listen, admin_listen, transparent_listen, admin_token_file, ca_cert_path, ca_cert_file, ca_key_file,\n  \
+        upstream_ca_files, intercept, worker_threads, secrets_file, secrets_stdin, ready_file,\n  \
+        [resolve] \"host:port\" = \"ip:port\", [egress] allow/deny/deny_local,\n  \
+        [[secrets]] name, stub, value | value_env | value_file, hosts, locations.\n\
+        Each is described in README.md, section \"Sidecar configuration\", of the LAP repository; \
+        `vault-sidecar --config FILE check` validates a file."
 )]
 struct Cli {
-    /// Config file (TOML, SPEC §2.1).
+    /// Config file (TOML; its keys are listed below and in README.md, "Sidecar configuration").
     #[arg(long, env = "VAULT_CONFIG", global = true)]
     config: Option<PathBuf>,
     #[command(subcommand)]

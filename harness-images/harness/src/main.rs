@@ -33,7 +33,59 @@ fn env(key: &str) -> Option<String> {
     std::env::var(key).ok().filter(|v| !v.is_empty())
 }
 
+/// `lap-harness --help`.
+const HELP: &str = "\
+lap-harness: the server inside a LAP session's sandbox. It checks the agent CLI is installed,
+listens, brings the sandbox up (clone, requirements, the CLI's auth; GET /healthz reports each
+phase), then serves the agent's messages and terminal to the control plane. lap-server starts it;
+you do not run it by hand except to debug a harness image.
+
+Usage: lap-harness [--help | --version]   (configured by the environment only)
+
+Environment:
+  HARNESS_AUTH_TOKEN   required: the bearer token the control plane presents
+  PORT                 TCP port (default 8080); LAP_HARNESS_HOST the address (default 127.0.0.1)
+  LAP_HARNESS_SOCKET   serve on this Unix socket instead of a TCP port
+  LAP_HARNESS_ID       claude-code (default), codex, opencode or claude-agent-sdk
+  LAP_MODEL            the model the agent CLI is started with
+  AGENT_PROMPT         a system prompt for the agent
+  REPO_URL, BRANCH     a repository cloned into the workspace at bring-up
+  GIT_TOKEN            for that clone only; removed from the environment before anything runs
+  AGENT_REQUIREMENTS   a shell command run in the workspace after the clone (e.g. `npm ci`)
+  LAP_VAULT_HANDOFF=stdin with LAP_VAULT_LISTEN: bind the vault's socket here, hand it over first
+  LAP_HARNESS_BOOTSTRAP_TOKEN (without HARNESS_AUTH_TOKEN): a warm-pool pod waiting for PUT /session
+  LAP_LOG / RUST_LOG   log filter (default info); logs are JSON on stdout
+
+A start-up failure prints `lap-harness: fatal: <reason>` and exits 3.
+See README.md (Bring-up phases, Harness images) in the LAP repository.
+";
+
+/// `--help`/`-h` and `--version`/`-V`, answered before anything reads the environment.
+fn help_or_version(args: &[String]) -> Option<ExitCode> {
+    match args.first().map(String::as_str) {
+        Some("--help" | "-h" | "help") => {
+            print!("{HELP}");
+            Some(ExitCode::SUCCESS)
+        }
+        Some("--version" | "-V") => {
+            println!("lap-harness {}", env!("CARGO_PKG_VERSION"));
+            Some(ExitCode::SUCCESS)
+        }
+        Some(other) => {
+            eprintln!(
+                "lap-harness: unknown argument `{other}`: it is configured by the environment (lap-harness --help)"
+            );
+            Some(ExitCode::from(2))
+        }
+        None => None,
+    }
+}
+
 fn main() -> ExitCode {
+    let args: Vec<String> = std::env::args().skip(1).collect();
+    if let Some(code) = help_or_version(&args) {
+        return code;
+    }
     // GIT_TOKEN is for the clone only: take it out of the environment before any thread starts,
     // so neither the agent nor its terminal ever inherit it.
     let git_token = env("GIT_TOKEN");
