@@ -474,7 +474,6 @@ impl Store {
         Ok(())
     }
 
-    /// Forget leases that expired before `before_ms` (left by replicas that died).
     // ---- the durable audit ----
 
     /// Store `e` unless an event with its id is already stored (pulling twice stores once).

@@ -156,7 +156,7 @@ impl Proxy {
         let own = self.own_addrs();
         let policies = Policies {
             own: &own,
-            egress: egress,
+            egress,
             addresses: self.upstreams.resolver.policy(),
         };
         admission::admit(dest, policies).map_err(|reason| {

@@ -364,7 +364,7 @@ mod tests {
         let value = "sk-ant-api03-R/E+A?L\"key";
         let stub = "sk-ant-api03-lapstubABCDEFGHIJ";
         let forms = value_forms(value.as_bytes(), stub.as_bytes());
-        let finder = Arc::new(Finder::new(forms.iter().map(|(p, _)| &p[..])).unwrap());
+        let finder = Arc::new(Finder::new(forms.iter().map(|(p, _)| &p[..])).expect("finder"));
         let patterns: Vec<Bytes> = forms.iter().map(|(p, _)| Bytes::from(p.clone())).collect();
         let replacements: Vec<Option<Bytes>> = forms.iter().map(|(_, r)| Some(Bytes::from(r.clone()))).collect();
         let redact = |text: &[u8]| {

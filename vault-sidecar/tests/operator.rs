@@ -223,7 +223,7 @@ async fn encoded_forms_of_a_reflected_value_are_redacted() {
             .await
             .ok();
         assert_eq!(out.status, 200, "{proto}");
-        let v: serde_json::Value = serde_json::from_slice(&out.body).unwrap();
+        let v: serde_json::Value = serde_json::from_slice(&out.body).expect("JSON body");
         // Padding is kept where the value's own encoding had it (this value's does not).
         let lenient_in = |alphabet: &base64::alphabet::Alphabet| {
             base64::engine::GeneralPurpose::new(
@@ -234,14 +234,14 @@ async fn encoded_forms_of_a_reflected_value_are_redacted() {
             )
         };
         let lenient = lenient_in(&base64::alphabet::STANDARD);
-        let b64 = lenient.decode(v["b64"].as_str().unwrap()).unwrap();
+        let b64 = lenient.decode(v["b64"].as_str().expect("b64")).expect("base64");
         assert_eq!(String::from_utf8_lossy(&b64), ANTHROPIC_STUB, "{proto}: {v}");
         let b64url = lenient_in(&base64::alphabet::URL_SAFE)
-            .decode(v["b64url"].as_str().unwrap())
-            .unwrap();
+            .decode(v["b64url"].as_str().expect("b64url"))
+            .expect("base64url");
         assert_eq!(String::from_utf8_lossy(&b64url), ANTHROPIC_STUB, "{proto}: {v}");
         // The inner token decodes (leniently) to no trace of the value.
-        let inner = v["b64_inner"].as_str().unwrap();
+        let inner = v["b64_inner"].as_str().expect("b64_inner");
         let decoded = lenient.decode(inner).unwrap_or_default();
         assert!(
             !decoded
@@ -253,7 +253,7 @@ async fn encoded_forms_of_a_reflected_value_are_redacted() {
             .body
             .windows(ANTHROPIC_REAL.len())
             .any(|w| w == ANTHROPIC_REAL.as_bytes()));
-        let location = out.header("location").unwrap();
+        let location = out.header("location").expect("location");
         assert!(
             location.contains(&support::ops::percent(ANTHROPIC_STUB)),
             "{proto}: {location}"
