@@ -568,7 +568,6 @@ async fn agent_tools_env_and_message_parts() {
 
     for (body, field) in [
         (json!({"tools": ["bash", "rm"]}), "tools[1]"),
-        (json!({"tools": "bash"}), "tools"),
         (json!({"env": {"PATH": "/x"}}), "env.PATH"),
         (json!({"env": {"LD_PRELOAD": "/x.so"}}), "env.LD_PRELOAD"),
         (json!({"env": {"HTTPS_PROXY": "http://x"}}), "env.HTTPS_PROXY"),

@@ -12,6 +12,7 @@ use std::time::Duration;
 
 use serde_json::{json, Value};
 use support::anthropic::{StandIn, OPENAI_REPLY, REPLY};
+use support::model_script::END;
 use support::server::{on_path, LapServer};
 
 const A: &str = "/api/v1/managed_agents";
@@ -120,6 +121,11 @@ impl Running {
         }
     }
 
+    /// The stand-in's requests so far, summarised.
+    fn requests(&self) -> String {
+        support::model_script::summary(&self.standin.requests.lock().unwrap())
+    }
+
     /// The session's workspace as seen from the host.
     fn workspace(&self) -> std::path::PathBuf {
         self.server.sandbox_dir(&self.sid).join("home/workspace")
@@ -147,16 +153,28 @@ async fn edits_runs_and_remembers(harness: &str) {
     let r = Running::start(harness, json!({})).await;
     let marker = format!("written by {harness}");
     let reply = r
-        .say(&format!("Create the note.\nLAP-WRITE: {WORKSPACE}/note.txt = {marker}"))
+        .say(&format!(
+            "Create the note.\nLAP-WRITE: {WORKSPACE}/note.txt = {marker}{END}"
+        ))
         .await;
-    assert!(reply.contains("Tool result"), "edit: {reply}");
+    assert!(
+        reply.contains("Tool result"),
+        "edit: {reply}\nrequests:\n{}",
+        r.requests()
+    );
     let on_disk = std::fs::read_to_string(r.workspace().join("note.txt")).unwrap_or_default();
     assert_eq!(on_disk.trim_end(), marker, "the file the agent wrote");
 
     let reply = r
-        .say("Run it.\nLAP-RUN: cat note.txt; echo \"sum=$((6*7))\"; id -u > ran-by.txt")
+        .say(&format!(
+            "Run it.\nLAP-RUN: cat note.txt; echo \"sum=$((6*7))\"; id -u > ran-by.txt{END}"
+        ))
         .await;
-    assert!(reply.contains("Tool result"), "run: {reply}");
+    assert!(
+        reply.contains("Tool result"),
+        "run: {reply}\nrequests:\n{}",
+        r.requests()
+    );
     assert!(reply.contains("sum=42") && reply.contains(&marker), "run: {reply}");
     let uid = std::fs::read_to_string(r.workspace().join("ran-by.txt")).unwrap_or_default();
     assert_eq!(uid.trim(), "10001", "the command ran in the sandbox, as its user");
@@ -198,7 +216,7 @@ async fn opencode_edits_runs_and_remembers() {
 /// reply says the tool failed.
 async fn unlisted_tool_is_refused(harness: &str) {
     let r = Running::start(harness, json!({"tools": ["read"]})).await;
-    let reply = r.say("LAP-RUN: echo ran > should-not-exist.txt").await;
+    let reply = r.say(&format!("LAP-RUN: echo ran > should-not-exist.txt{END}")).await;
     assert!(
         !r.workspace().join("should-not-exist.txt").exists(),
         "the refused command ran; reply: {reply}"
@@ -264,7 +282,7 @@ async fn abort_stops_the_running_turn_and_the_session_stays_ready() {
         let resp = reqwest::Client::new()
             .post(url)
             .bearer_auth(key)
-            .json(&json!({"text": "LAP-RUN: touch started && sleep 313 && touch finished"}))
+            .json(&json!({"text": format!("LAP-RUN: touch started && sleep 313 && touch finished{END}")}))
             .send()
             .await
             .unwrap();
@@ -294,7 +312,7 @@ async fn abort_stops_the_running_turn_and_the_session_stays_ready() {
 
     let (_, session) = r.server.call("GET", &format!("{A}/sessions/{}", r.sid), None).await;
     assert_eq!(session["status"], "ready", "{session}");
-    let reply = r.say("LAP-RUN: echo after-abort").await;
+    let reply = r.say(&format!("LAP-RUN: echo after-abort{END}")).await;
     assert!(
         reply.contains("Tool result") && reply.contains("after-abort"),
         "{reply}"
@@ -307,7 +325,7 @@ async fn abort_stops_the_running_turn_and_the_session_stays_ready() {
 async fn restart_replaces_the_harness_and_keeps_the_workspace() {
     let r = Running::start("claude-code", json!({})).await;
     let reply = r
-        .say(&format!("LAP-WRITE: {WORKSPACE}/kept.txt = before restart"))
+        .say(&format!("LAP-WRITE: {WORKSPACE}/kept.txt = before restart{END}"))
         .await;
     assert!(reply.contains("Tool result"), "{reply}");
     let private = r.server.private_dir(&r.sid);
@@ -329,7 +347,7 @@ async fn restart_replaces_the_harness_and_keeps_the_workspace() {
             .trim_end(),
         "before restart"
     );
-    let reply = r.say("LAP-RUN: cat kept.txt").await;
+    let reply = r.say(&format!("LAP-RUN: cat kept.txt{END}")).await;
     assert!(reply.contains("before restart"), "{reply}");
 }
 
@@ -375,6 +393,6 @@ async fn plain_env_reaches_the_agents_commands() {
         json!({"env": {"API_BASE": "https://api.example.com/v1"}}),
     )
     .await;
-    let reply = r.say("LAP-RUN: echo \"base=$API_BASE\"").await;
+    let reply = r.say(&format!("LAP-RUN: echo \"base=$API_BASE\"{END}")).await;
     assert!(reply.contains("base=https://api.example.com/v1"), "{reply}");
 }

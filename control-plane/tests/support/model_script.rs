@@ -32,8 +32,12 @@ enum Directive {
     Write { path: String, content: String },
 }
 
+/// Ends a directive (a CLI may wrap the prompt, e.g. in quotes, after it).
+pub const END: &str = ":LAP-END";
+
 fn directive(text: &str) -> Option<Directive> {
     for line in text.lines() {
+        let line = line.split_once(END).map_or(line, |(l, _)| l);
         if let Some(cmd) = line.split_once("LAP-RUN:").map(|(_, c)| c.trim()) {
             return Some(Directive::Run(cmd.to_owned()));
         }
@@ -46,6 +50,28 @@ fn directive(text: &str) -> Option<Directive> {
         }
     }
     None
+}
+
+/// One line per request: its tools' names and the latest message, for a failing test's message.
+pub fn summary(requests: &[Value]) -> String {
+    requests
+        .iter()
+        .map(|b| {
+            let tools: Vec<&str> = b["tools"]
+                .as_array()
+                .map(|t| t.iter().filter_map(|t| t["name"].as_str()).collect())
+                .unwrap_or_default();
+            let last = b["messages"]
+                .as_array()
+                .and_then(|m| m.last())
+                .or_else(|| b["input"].as_array().and_then(|m| m.last()))
+                .map(|m| m.to_string())
+                .unwrap_or_default();
+            let last: String = last.chars().take(600).collect();
+            format!("tools {tools:?} last {last}")
+        })
+        .collect::<Vec<_>>()
+        .join("\n")
 }
 
 /// The text of a tool result block's `content` (a string or text blocks).
