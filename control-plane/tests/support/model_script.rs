@@ -126,12 +126,20 @@ pub fn anthropic_turn(body: &Value, reply: &str) -> Turn {
         };
         return Turn::Text(format!("Tool result{refused}: {text}"));
     }
-    let text: String = blocks
-        .iter()
-        .filter(|b| b["type"] == "text")
-        .filter_map(|b| b["text"].as_str())
-        .collect::<Vec<_>>()
-        .join("\n");
+    // The user's text since the last assistant turn: a CLI may add its own user messages
+    // (reminders, tool lists) after the prompt.
+    let mut text = String::new();
+    for m in messages.iter().rev().take_while(|m| m["role"] == "user") {
+        let blocks = match &m["content"] {
+            Value::String(s) => vec![json!({"type": "text", "text": s})],
+            Value::Array(b) => b.clone(),
+            _ => Vec::new(),
+        };
+        for b in blocks.iter().filter(|b| b["type"] == "text") {
+            text.push_str(b["text"].as_str().unwrap_or_default());
+            text.push('\n');
+        }
+    }
     let tools: Vec<&Value> = body["tools"].as_array().map(|t| t.iter().collect()).unwrap_or_default();
     let find = |names: &[&str]| {
         tools
@@ -298,6 +306,21 @@ pub fn openai_turn(body: &Value, reply: &str) -> Result<OpenAiCall, String> {
         }
         Some(Directive::Write { path, content }) => {
             let patch = format!("*** Begin Patch\n*** Add File: {path}\n+{content}\n*** End Patch\n");
+            let shell_edit = format!("printf '%s\\n' '{content}' > '{path}'");
+            if named("apply_patch").is_none() {
+                // No patch tool (codex with exec_command only): the edit is a shell write.
+                if let Some(t) = named("exec_command") {
+                    let key = if t["parameters"]["properties"].get("cmd").is_some() {
+                        "cmd"
+                    } else {
+                        "command"
+                    };
+                    return Ok(OpenAiCall::Function {
+                        name: "exec_command".into(),
+                        arguments: json!({ key: shell_edit }).to_string(),
+                    });
+                }
+            }
             match named("apply_patch") {
                 Some(t) if t["type"] == "custom" => Ok(OpenAiCall::Custom {
                     name: "apply_patch".into(),
