@@ -61,13 +61,26 @@ pub fn summary(requests: &[Value]) -> String {
                 .as_array()
                 .map(|t| t.iter().filter_map(|t| t["name"].as_str()).collect())
                 .unwrap_or_default();
-            let last = b["messages"]
-                .as_array()
-                .and_then(|m| m.last())
-                .or_else(|| b["input"].as_array().and_then(|m| m.last()))
-                .map(|m| m.to_string())
+            let all = b["messages"].as_array().or_else(|| b["input"].as_array());
+            let last = all
+                .map(|m| {
+                    m.iter()
+                        .map(|m| {
+                            let t = m["content"].to_string();
+                            let t: String = t
+                                .chars()
+                                .rev()
+                                .take(200)
+                                .collect::<Vec<_>>()
+                                .into_iter()
+                                .rev()
+                                .collect();
+                            format!("[{} …{t}]", m["role"])
+                        })
+                        .collect::<Vec<_>>()
+                        .join(" ")
+                })
                 .unwrap_or_default();
-            let last: String = last.chars().take(600).collect();
             format!("tools {tools:?} last {last}")
         })
         .collect::<Vec<_>>()
@@ -98,7 +111,14 @@ fn plain_reply(reply: &str, results: &[String]) -> String {
 
 /// Anthropic Messages API (`POST /v1/messages`): the turn for `body`.
 pub fn anthropic_turn(body: &Value, reply: &str) -> Turn {
-    let messages = body["messages"].as_array().cloned().unwrap_or_default();
+    // Claude Code 2.1 appends `system`-role messages after the user's; the conversation is the rest.
+    let messages: Vec<Value> = body["messages"]
+        .as_array()
+        .cloned()
+        .unwrap_or_default()
+        .into_iter()
+        .filter(|m| m["role"] != "system")
+        .collect();
     let mut results = Vec::new();
     for m in &messages {
         if let Some(blocks) = m["content"].as_array() {
@@ -117,7 +137,16 @@ pub fn anthropic_turn(body: &Value, reply: &str) -> Turn {
         Value::Array(b) => b.clone(),
         _ => Vec::new(),
     };
-    if let Some(r) = blocks.iter().rev().find(|b| b["type"] == "tool_result") {
+    // A tool result answers the call, unless a new directive follows it in the same message
+    // (claude can send a resumed prompt together with the last turn's result).
+    let last_result = blocks.iter().rposition(|b| b["type"] == "tool_result");
+    let last_directive = blocks
+        .iter()
+        .rposition(|b| b["type"] == "text" && b["text"].as_str().is_some_and(|t| directive(t).is_some()));
+    if let Some(r) = last_result
+        .filter(|r| last_directive.is_none_or(|d| d < *r))
+        .map(|r| &blocks[r])
+    {
         let text = result_text(&r["content"]);
         let refused = if r["is_error"] == true {
             " (the tool failed)"
