@@ -103,6 +103,8 @@ fn spec(i: usize) -> SandboxSpec {
             ..SecretSpec::default()
         }],
         harness_token: "t".into(),
+        tools: None,
+        env: Default::default(),
         placement: Placement::default(),
         phases: None,
     }

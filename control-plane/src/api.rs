@@ -46,6 +46,8 @@ pub fn router(app: Arc<App>) -> Router {
         .route("/sessions/{id}", get(get_session).delete(delete_session))
         .route("/sessions/{id}/message", post(send_message))
         .route("/sessions/{id}/message_stream", post(message_stream))
+        .route("/sessions/{id}/abort", post(abort_turn))
+        .route("/sessions/{id}/restart", post(restart_harness))
         .route("/sessions/{id}/events", get(session_events))
         .route("/sessions/{id}/interceptions", get(interceptions));
     let secrets = Router::new()
@@ -381,8 +383,49 @@ async fn send_message(
     Path(id): Path<String>,
     ApiJson(body): ApiJson<MessageInput>,
 ) -> ApiResult<Json<serde_json::Value>> {
-    record_message(&app, &actor, &id, &body.text, false).await;
-    Ok(Json(app.send_message(&id, &body.text).await?))
+    let text = body.into_text().map_err(ApiError::BadRequest)?;
+    record_message(&app, &actor, &id, &text, false).await;
+    Ok(Json(app.send_message(&id, &text).await?))
+}
+
+/// `POST /sessions/{id}/abort` → `200 {"aborted": bool}`; `409` unless the session is ready.
+async fn abort_turn(
+    State(app): State<AppState>,
+    axum::Extension(actor): ActorExt,
+    Path(id): Path<String>,
+) -> ApiResult<Json<serde_json::Value>> {
+    let out = app.abort_turn(&id).await?;
+    let agent = app.get_session(&id).await.map(|s| s.agent_id).ok();
+    app.record(
+        "session.abort",
+        &actor,
+        Some(&id),
+        agent.as_deref(),
+        &[],
+        serde_json::json!(out),
+    )
+    .await;
+    Ok(Json(out))
+}
+
+/// `POST /sessions/{id}/restart` → `200` the session, once its new harness serves; `409` unless
+/// the session is ready, `502` if the harness does not come back within two minutes.
+async fn restart_harness(
+    State(app): State<AppState>,
+    axum::Extension(actor): ActorExt,
+    Path(id): Path<String>,
+) -> ApiResult<Json<SessionView>> {
+    let s = app.restart_harness(&id, std::time::Duration::from_secs(120)).await?;
+    app.record(
+        "session.restart",
+        &actor,
+        Some(&id),
+        Some(&s.agent_id),
+        &[],
+        serde_json::json!({}),
+    )
+    .await;
+    Ok(Json(app.session_view(&s)))
 }
 
 async fn message_stream(
@@ -391,8 +434,9 @@ async fn message_stream(
     Path(id): Path<String>,
     ApiJson(body): ApiJson<MessageInput>,
 ) -> ApiResult<Response> {
-    record_message(&app, &actor, &id, &body.text, true).await;
-    let upstream = app.message_stream(&id, &body.text).await?;
+    let text = body.into_text().map_err(ApiError::BadRequest)?;
+    record_message(&app, &actor, &id, &text, true).await;
+    let upstream = app.message_stream(&id, &text).await?;
     let stream = upstream.bytes_stream().map(|r| r.map_err(std::io::Error::other));
     Response::builder()
         .header(header::CONTENT_TYPE, "text/event-stream")

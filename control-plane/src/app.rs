@@ -18,7 +18,7 @@ use crate::error::ApiError;
 use crate::metrics::Metrics;
 use crate::model::{
     now_ms, Agent, AgentSpec, CreateAgent, CreateSession, PatchAgent, RegistrySecret, SecretInput, Session,
-    SessionView, Status, HARNESS_IDS, REDACTED,
+    SessionView, Status, HARNESS_IDS, REDACTED, TOOL_NAMES,
 };
 use crate::store::{AgentRow, AuditFilter, AuditRow, SecretRow, Store};
 
@@ -108,6 +108,22 @@ fn validate_agent_spec(spec: &AgentSpec, env_vars: &BTreeMap<String, String>) ->
         }
     }
     env_vars::validate(env_vars, &BTreeMap::new(), &spec.env_var_hosts)?;
+    if let Some(tools) = &spec.tools {
+        for (i, t) in tools.iter().enumerate() {
+            if !TOOL_NAMES.contains(&t.as_str()) {
+                return Err(bad(format!(
+                    "tools[{i}]: unknown tool `{t}`; use {}",
+                    TOOL_NAMES.join(", ")
+                )));
+            }
+        }
+    }
+    env_vars::validate_plain("env", &spec.env)?;
+    if let Some(k) = spec.env.keys().find(|k| env_vars.contains_key(*k)) {
+        return Err(bad(format!(
+            "env.{k}: also in env_vars; a name is either a secret or plain"
+        )));
+    }
     if let Some(r) = &spec.resources {
         crate::backend::sandbox::resources::check(r).map_err(|e| bad(format!("resources.{e}")))?;
     }
@@ -292,6 +308,15 @@ impl App {
         if let Some(v) = p.secrets {
             self.check_registry_names(&v).await?;
             a.spec.secrets = v;
+        }
+        if let Some(v) = p.tools {
+            a.spec.tools = v;
+        }
+        if let Some(v) = p.env {
+            a.spec.env = v;
+        }
+        if let Some(v) = p.requirements {
+            a.spec.requirements = v;
         }
         if let Some(v) = p.resources {
             a.spec.resources = v;
@@ -626,6 +651,14 @@ impl App {
             allow_out: agent.spec.allow_out.clone(),
             deny_out: agent.spec.deny_out.clone(),
             secrets: secrets.into_values().collect(),
+            tools: agent.spec.tools.clone(),
+            env: {
+                let mut env = agent.spec.env.clone();
+                if let Some(r) = &agent.spec.requirements {
+                    env.insert("AGENT_REQUIREMENTS".to_owned(), r.clone());
+                }
+                env
+            },
             harness_token: random_hex(24),
             placement: crate::backend::Placement {
                 resources: agent.spec.resources.clone(),
@@ -831,6 +864,10 @@ impl App {
                 .and_then(|e| e.as_str())
                 .unwrap_or("no details")
                 .to_owned();
+            // 409 from the harness: the turn was aborted (`POST /sessions/{id}/abort`).
+            if status == reqwest::StatusCode::CONFLICT {
+                return Err(ApiError::Conflict(msg));
+            }
             return Err(ApiError::BadGateway(msg));
         }
         Ok(body)
@@ -854,6 +891,72 @@ impl App {
             return Err(ApiError::BadGateway(format!("the harness answered {}", resp.status())));
         }
         Ok(resp)
+    }
+
+    /// `POST /sessions/{id}/abort`: end the running turn (the harness kills its CLI and what it
+    /// started; that turn's `/message` answers 409). `{"aborted": bool}`: whether a turn was
+    /// running. The session stays `ready`.
+    pub async fn abort_turn(&self, id: &str) -> Result<serde_json::Value, ApiError> {
+        let handle = self.ready_handle(id).await?;
+        self.store.touch_session(id).await?;
+        let resp = self
+            .harness
+            .for_handle(&handle)
+            .post(format!("{}/abort", handle.harness_url))
+            .bearer_auth(&handle.harness_token)
+            .send()
+            .await
+            .map_err(|e| ApiError::BadGateway(format!("the harness is unreachable: {e}")))?;
+        if !resp.status().is_success() {
+            return Err(ApiError::BadGateway(format!("the harness answered {}", resp.status())));
+        }
+        resp.json()
+            .await
+            .map_err(|e| ApiError::BadGateway(format!("the harness sent an unreadable answer: {e}")))
+    }
+
+    /// `POST /sessions/{id}/restart`: the harness replaces itself in the same sandbox (the
+    /// workspace and its files kept, the running turn aborted, the conversation started over);
+    /// answers once the new harness serves (`/healthz` 200), within `timeout`.
+    pub async fn restart_harness(&self, id: &str, timeout: Duration) -> Result<Session, ApiError> {
+        let handle = self.ready_handle(id).await?;
+        self.store.touch_session(id).await?;
+        let client = self.harness.for_handle(&handle);
+        let healthz = format!("{}/healthz", handle.harness_url);
+        // Each harness process names itself with a `boot` id on /healthz: the restart is done
+        // when a different one answers 200.
+        let boot = |v: &serde_json::Value| v.get("boot").and_then(|b| b.as_str()).map(str::to_owned);
+        let probe = || async {
+            let r = client.get(&healthz).timeout(Duration::from_secs(2)).send().await.ok()?;
+            let ok = r.status().is_success();
+            let v: serde_json::Value = r.json().await.ok()?;
+            Some((ok, v))
+        };
+        let before = probe().await.and_then(|(_, v)| boot(&v));
+        let resp = client
+            .post(format!("{}/restart", handle.harness_url))
+            .bearer_auth(&handle.harness_token)
+            .send()
+            .await
+            .map_err(|e| ApiError::BadGateway(format!("the harness is unreachable: {e}")))?;
+        if resp.status() != reqwest::StatusCode::ACCEPTED {
+            return Err(ApiError::BadGateway(format!("the harness answered {}", resp.status())));
+        }
+        let deadline = tokio::time::Instant::now() + timeout;
+        loop {
+            if let Some((true, v)) = probe().await {
+                if boot(&v) != before {
+                    break;
+                }
+            }
+            if tokio::time::Instant::now() >= deadline {
+                return Err(ApiError::BadGateway(format!(
+                    "the harness did not come back within {timeout:?}"
+                )));
+            }
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+        self.get_session(id).await
     }
 
     /// Open the harness's agent event stream (SSE) for a ready session.

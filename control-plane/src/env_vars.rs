@@ -257,6 +257,46 @@ pub fn check_value(field: &str, value: &str) -> Result<(), EnvVarError> {
     }
 }
 
+/// Validate an agent's plain `env` (non-secret variables the harness sees as they are): the
+/// same names as `env_vars` (valid, not reserved), at most [`MAX_KEYS`] keys and
+/// [`MAX_JSON_BYTES`] of JSON, no NUL in a value; and not a well-known secret's name
+/// (`ANTHROPIC_API_KEY`, …: those go in `env_vars`, so the harness holds a stub). `field` names
+/// the map (`env`).
+pub fn validate_plain(field: &str, env: &BTreeMap<String, String>) -> Result<(), EnvVarError> {
+    if env.len() > MAX_KEYS {
+        return Err(err(
+            field,
+            format!("at most {MAX_KEYS} keys are allowed, got {}", env.len()),
+        ));
+    }
+    let size = serde_json::to_string(env).map(|s| s.len()).unwrap_or(usize::MAX);
+    if size > MAX_JSON_BYTES {
+        return Err(err(
+            field,
+            format!("at most {MAX_JSON_BYTES} bytes of JSON are allowed, got {size}"),
+        ));
+    }
+    for (key, value) in env {
+        let f = format!("{field}.{key}");
+        if !is_valid_name(key) {
+            return Err(err(f, "key must match ^[A-Za-z_][A-Za-z0-9_]*$"));
+        }
+        if let Some(reason) = reserved_reason(key) {
+            return Err(err(f, reason));
+        }
+        if builtin_hosts(key).is_some() {
+            return Err(err(
+                f,
+                "a secret's name: put it in env_vars, so the harness holds a stub and the vault the value",
+            ));
+        }
+        if value.contains('\0') {
+            return Err(err(f, "the value holds a NUL byte"));
+        }
+    }
+    Ok(())
+}
+
 /// Validate a session's `env_vars` against SPEC §3.3.
 ///
 /// `env_var_hosts` are the request's bindings; `inherited_hosts` those of the agent (consulted
@@ -344,6 +384,39 @@ pub fn mint_stub<R: Rng + ?Sized>(value: &str, rng: &mut R) -> String {
         stub.push(char::from(ALPHABET[rng.gen_range(0..ALPHABET.len())]));
     }
     stub
+}
+
+#[cfg(test)]
+mod plain_tests {
+    #![allow(clippy::unwrap_used)]
+    use super::*;
+
+    fn map(pairs: &[(&str, &str)]) -> BTreeMap<String, String> {
+        pairs.iter().map(|(k, v)| ((*k).to_owned(), (*v).to_owned())).collect()
+    }
+
+    #[test]
+    fn plain_env_follows_the_env_vars_names_rules() {
+        validate_plain("env", &map(&[("API_BASE", "https://x.example/v1"), ("FLAG", "a b\nc")])).unwrap();
+        for (key, says) in [
+            ("PATH", "env.PATH"),
+            ("LD_PRELOAD", "env.LD_PRELOAD"),
+            ("https_proxy", "env.https_proxy"),
+            ("LAP_X", "env.LAP_X"),
+            ("NODE_OPTIONS", "env.NODE_OPTIONS"),
+            ("1X", "env.1X"),
+            ("ANTHROPIC_API_KEY", "env_vars"),
+        ] {
+            let e = validate_plain("env", &map(&[(key, "v")])).unwrap_err();
+            assert!(e.to_string().contains(says), "{key}: {e}");
+        }
+        assert!(validate_plain("env", &map(&[("A", "x\0y")])).is_err());
+        let many: BTreeMap<String, String> = (0..=MAX_KEYS).map(|i| (format!("K{i}"), "v".to_owned())).collect();
+        assert!(validate_plain("env", &many)
+            .unwrap_err()
+            .to_string()
+            .starts_with("env:"));
+    }
 }
 
 #[cfg(test)]

@@ -10,6 +10,10 @@ pub const REDACTED: &str = "<redacted>";
 /// The agent CLIs a harness can run.
 pub const HARNESS_IDS: &[&str] = &["claude-code", "codex", "opencode", "claude-agent-sdk"];
 
+/// The names an agent's `tools[]` may list, the same for every harness (lap-harness maps each to
+/// the CLI's own tools and permission settings).
+pub const TOOL_NAMES: &[&str] = &["bash", "read", "edit", "write", "glob", "grep", "webfetch", "websearch"];
+
 /// An agent as stored (secret values in clear only in memory).
 #[derive(Debug, Clone, Default, Serialize, Deserialize, PartialEq)]
 pub struct AgentSpec {
@@ -18,6 +22,8 @@ pub struct AgentSpec {
     pub model: Option<String>,
     #[serde(default)]
     pub prompt: Option<String>,
+    /// Absent: `opencode`, as in LAP.
+    #[serde(default = "default_harness_id")]
     pub harness_id: String,
     #[serde(default)]
     pub repo_url: Option<String>,
@@ -31,6 +37,18 @@ pub struct AgentSpec {
     pub env_var_hosts: BTreeMap<String, Vec<String>>,
     #[serde(default)]
     pub secrets: Vec<String>,
+    /// The tools the agent may use, from [`TOOL_NAMES`]; `None` (absent or `null`): every tool.
+    /// `[]`: none.
+    #[serde(default)]
+    pub tools: Option<Vec<String>>,
+    /// A shell command the harness runs in the workspace at bring-up, after the clone (phase
+    /// `installing_deps`; a non-zero exit fails the session with its last lines).
+    #[serde(default)]
+    pub requirements: Option<String>,
+    /// Plain, non-secret variables for the harness (a base URL, feature flags): stored and shown
+    /// as they are, the same reserved names as `env_vars` refused.
+    #[serde(default)]
+    pub env: BTreeMap<String, String>,
     /// Kubernetes: requests and limits of the harness container (defaults from
     /// `LAP_K8S_HARNESS_REQUESTS` / `LAP_K8S_HARNESS_LIMITS`); ignored by the local backend.
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -39,6 +57,15 @@ pub struct AgentSpec {
     /// `LAP_K8S_RUNTIME_CLASS`; ignored by the local backend.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub runtime_class: Option<String>,
+}
+
+/// A field that is present (`null` included) is `Some`: `null` → `Some(None)`.
+fn present<'de, D: serde::Deserializer<'de>, T: Deserialize<'de>>(d: D) -> Result<Option<Option<T>>, D::Error> {
+    Option::<T>::deserialize(d).map(Some)
+}
+
+fn default_harness_id() -> String {
+    "opencode".to_owned()
 }
 
 /// An agent's `resources`: Kubernetes quantities by resource name (`cpu`, `memory`,
@@ -78,6 +105,12 @@ pub struct PatchAgent {
     pub env_vars: Option<BTreeMap<String, String>>,
     pub env_var_hosts: Option<BTreeMap<String, Vec<String>>>,
     pub secrets: Option<Vec<String>>,
+    /// `null` clears (every tool), absent keeps.
+    #[serde(default, deserialize_with = "present")]
+    pub tools: Option<Option<Vec<String>>>,
+    #[serde(default, deserialize_with = "present")]
+    pub requirements: Option<Option<String>>,
+    pub env: Option<BTreeMap<String, String>>,
     pub resources: Option<Option<Resources>>,
     pub runtime_class: Option<Option<String>>,
 }
@@ -282,10 +315,49 @@ pub struct CreateSession {
     pub env_var_hosts: BTreeMap<String, Vec<String>>,
 }
 
-/// `POST /sessions/{id}/message` body.
+/// `POST /sessions/{id}/message` (and `message_stream`) body: `{"text": "…"}`, or
+/// `{"parts": [{"type": "text", "text": "…"}, …]}` as LAP sends it (the parts' texts joined by a
+/// blank line). Exactly one of the two.
 #[derive(Debug, Clone, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
 pub struct MessageInput {
-    pub text: String,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub text: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub parts: Option<Vec<MessagePart>>,
+}
+
+/// One part of a message: `{"type": "text", "text": "…"}` (the only type a harness takes).
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct MessagePart {
+    #[serde(rename = "type")]
+    pub kind: String,
+    #[serde(default)]
+    pub text: Option<String>,
+}
+
+impl MessageInput {
+    /// The text to send, or what is wrong, naming the field (`parts[1].type: …`).
+    pub fn into_text(self) -> Result<String, String> {
+        match (self.text, self.parts) {
+            (Some(t), None) => Ok(t),
+            (None, Some(parts)) => {
+                if parts.is_empty() {
+                    return Err("parts: must hold at least one part".into());
+                }
+                let mut texts = Vec::with_capacity(parts.len());
+                for (i, p) in parts.into_iter().enumerate() {
+                    if p.kind != "text" {
+                        return Err(format!("parts[{i}].type: `{}` is not supported; use \"text\"", p.kind));
+                    }
+                    texts.push(p.text.ok_or_else(|| format!("parts[{i}].text: missing"))?);
+                }
+                Ok(texts.join("\n\n"))
+            }
+            (Some(_), Some(_)) => Err("text, parts: give one of them, not both".into()),
+            (None, None) => Err("text: missing (or give parts)".into()),
+        }
+    }
 }
 
 /// A paginated list.
@@ -355,6 +427,27 @@ mod tests {
         assert_eq!(rfc3339(0), "1970-01-01T00:00:00.000Z");
         assert_eq!(rfc3339(1_700_000_000_123), "2023-11-14T22:13:20.123Z");
         assert_eq!(rfc3339(951_782_400_000), "2000-02-29T00:00:00.000Z");
+    }
+
+    #[test]
+    fn message_text_or_parts() {
+        let m = |v: serde_json::Value| serde_json::from_value::<MessageInput>(v).unwrap().into_text();
+        assert_eq!(m(serde_json::json!({"text": "hi"})).unwrap(), "hi");
+        assert_eq!(
+            m(serde_json::json!({"parts": [{"type": "text", "text": "a"}, {"type": "text", "text": "b"}]})).unwrap(),
+            "a\n\nb"
+        );
+        assert!(m(serde_json::json!({"parts": [{"type": "image"}]}))
+            .unwrap_err()
+            .starts_with("parts[0].type"));
+        assert!(m(serde_json::json!({"parts": [{"type": "text"}]}))
+            .unwrap_err()
+            .starts_with("parts[0].text"));
+        assert!(m(serde_json::json!({"parts": []})).unwrap_err().starts_with("parts:"));
+        assert!(m(serde_json::json!({"text": "a", "parts": []}))
+            .unwrap_err()
+            .contains("not both"));
+        assert!(m(serde_json::json!({})).unwrap_err().starts_with("text:"));
     }
 
     #[test]

@@ -525,3 +525,109 @@ async fn bad_values_and_oversized_bodies_get_json_errors() {
     assert_eq!(s, StatusCode::NOT_FOUND);
     assert!(v["error"].is_string(), "a JSON error body: {v}");
 }
+
+/// `tools[]` and `env`: stored and shown as given, patched, and each bad value a 400 naming
+/// the field; `message` takes `parts` as well as `text` and names what is wrong in them.
+#[tokio::test]
+async fn agent_tools_env_and_message_parts() {
+    let h = setup(None).await;
+    let r = &h.router;
+    let (s, a) = call(
+        r,
+        "POST",
+        &format!("{A}/agents"),
+        Some(json!({"name": unique("t"), "harness_id": "claude-code",
+            "tools": ["bash", "edit"], "env": {"API_BASE": "https://api.example.com/v1", "FEATURE_X": "1"}})),
+    )
+    .await;
+    assert_eq!(s, StatusCode::CREATED, "{a}");
+    assert_eq!(a["tools"], json!(["bash", "edit"]));
+    assert_eq!(a["env"]["API_BASE"], "https://api.example.com/v1");
+    let id = a["id"].as_str().unwrap();
+    // Absent tools: every tool (null).
+    let (_, b) = call(
+        r,
+        "POST",
+        &format!("{A}/agents"),
+        Some(json!({"name": unique("t"), "harness_id": "codex"})),
+    )
+    .await;
+    assert_eq!(b["tools"], Value::Null);
+    assert_eq!(b["env"], json!({}));
+
+    let (s, p) = call(
+        r,
+        "PATCH",
+        &format!("{A}/agents/{id}"),
+        Some(json!({"tools": null, "env": {"FEATURE_X": "2"}})),
+    )
+    .await;
+    assert_eq!(s, StatusCode::OK, "{p}");
+    assert_eq!(p["tools"], Value::Null);
+    assert_eq!(p["env"], json!({"FEATURE_X": "2"}));
+
+    for (body, field) in [
+        (json!({"tools": ["bash", "rm"]}), "tools[1]"),
+        (json!({"env": {"PATH": "/x"}}), "env.PATH"),
+        (json!({"env": {"LD_PRELOAD": "/x.so"}}), "env.LD_PRELOAD"),
+        (json!({"env": {"HTTPS_PROXY": "http://x"}}), "env.HTTPS_PROXY"),
+        (json!({"env": {"LAP_MODEL": "x"}}), "env.LAP_MODEL"),
+        (
+            json!({"env": {"ANTHROPIC_API_KEY": "sk-ant-x"}}),
+            "env.ANTHROPIC_API_KEY",
+        ),
+        (json!({"env": {"1BAD": "x"}}), "env.1BAD"),
+    ] {
+        let mut create = json!({"name": unique("bad"), "harness_id": "opencode"});
+        for (k, v) in body.as_object().unwrap() {
+            create[k] = v.clone();
+        }
+        let (s, v) = call(r, "POST", &format!("{A}/agents"), Some(create)).await;
+        assert_eq!(s, StatusCode::BAD_REQUEST, "{body}: {v}");
+        assert!(v["error"].as_str().unwrap().contains(field), "{body}: {v}");
+        let (s, v) = call(r, "PATCH", &format!("{A}/agents/{id}"), Some(body.clone())).await;
+        assert_eq!(s, StatusCode::BAD_REQUEST, "patch {body}: {v}");
+        assert!(v["error"].as_str().unwrap().contains(field), "patch {body}: {v}");
+    }
+    // A name in both env and env_vars.
+    let (s, v) = call(
+        r,
+        "POST",
+        &format!("{A}/agents"),
+        Some(
+            json!({"name": unique("dup"), "harness_id": "opencode", "env": {"TOKEN_X": "a"},
+            "env_vars": {"TOKEN_X": "b"}, "env_var_hosts": {"TOKEN_X": ["x.example.com"]}}),
+        ),
+    )
+    .await;
+    assert_eq!(s, StatusCode::BAD_REQUEST, "{v}");
+    assert!(v["error"].as_str().unwrap().contains("env.TOKEN_X"), "{v}");
+
+    // Message bodies are checked before the session is: a bad body is a 400 naming the field.
+    for (body, field) in [
+        (json!({"parts": [{"type": "image", "url": "x"}]}), "parts[0].type"),
+        (json!({"parts": [{"type": "text"}]}), "parts[0].text"),
+        (json!({"parts": []}), "parts"),
+        (
+            json!({"text": "a", "parts": [{"type": "text", "text": "b"}]}),
+            "not both",
+        ),
+        (json!({}), "text"),
+    ] {
+        let (s, v) = call(r, "POST", &format!("{A}/sessions/ses_nope/message"), Some(body.clone())).await;
+        assert_eq!(s, StatusCode::BAD_REQUEST, "{body}: {v}");
+        assert!(v["error"].as_str().unwrap().contains(field), "{body}: {v}");
+    }
+    let (s, _) = call(
+        r,
+        "POST",
+        &format!("{A}/sessions/ses_nope/message"),
+        Some(json!({"parts": [{"type": "text", "text": "hi"}]})),
+    )
+    .await;
+    assert_eq!(s, StatusCode::NOT_FOUND);
+    for ep in ["abort", "restart"] {
+        let (s, v) = call(r, "POST", &format!("{A}/sessions/ses_nope/{ep}"), None).await;
+        assert_eq!(s, StatusCode::NOT_FOUND, "{ep}: {v}");
+    }
+}

@@ -101,6 +101,8 @@ fn spec(session: &str) -> SandboxSpec {
             ..SecretSpec::default()
         }],
         harness_token: "harness-token-1".into(),
+        tools: None,
+        env: Default::default(),
         placement: Placement::default(),
         phases: None,
     }

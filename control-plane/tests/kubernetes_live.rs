@@ -58,6 +58,8 @@ fn spec(session: &str) -> SandboxSpec {
         deny_out: vec![],
         secrets: vec![],
         harness_token: "live-token".into(),
+        tools: None,
+        env: Default::default(),
         placement: Placement::default(),
         phases: None,
     }

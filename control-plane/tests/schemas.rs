@@ -62,6 +62,8 @@ fn spec() -> SandboxSpec {
             ..SecretSpec::default()
         }],
         harness_token: "htok".into(),
+        tools: None,
+        env: Default::default(),
         placement: Placement {
             resources: Some(Resources {
                 requests: BTreeMap::from([("cpu".into(), "2".into()), ("ephemeral-storage".into(), "10Gi".into())]),

@@ -4,7 +4,17 @@
 // same shapes as `claude -p --output-format stream-json` (system, assistant, user, result, each
 // with session_id), so the harness reads both the same way.
 //
-//   lap-agent-sdk [--resume ID] [--model M] [--append-system-prompt P] -- TEXT
+//   lap-agent-sdk [--permission-mode MODE] [--allowedTools A,B] [--disallowedTools C,D]
+//                 [--resume ID] [--model M] [--append-system-prompt P] -- TEXT
+//
+// The flags are claude's own (lap-harness passes the same ones): they become the SDK's
+// permissionMode (bypassPermissions also sets allowDangerouslySkipPermissions), allowedTools and
+// disallowedTools.
+//
+// `lap-agent-sdk --check` loads the SDK and exits (0: it is installed).
+//
+// lap-harness carries a copy of this file: where no `lap-agent-sdk` is on PATH (the local
+// backend), it writes that copy to $HOME/.lap/lap-agent-sdk and runs it.
 //
 // The SDK is found as an ordinary import, else under LAP_NODE_MODULES, else under `npm root -g`.
 import { execFileSync } from "node:child_process";
@@ -32,13 +42,23 @@ function parseArgs(argv) {
     } else if (a === "--resume") opts.resume = argv[++i];
     else if (a === "--model") opts.model = argv[++i];
     else if (a === "--append-system-prompt") opts.append = argv[++i];
+    else if (a === "--permission-mode") opts.permissionMode = argv[++i];
+    else if (a === "--allowedTools") opts.allowedTools = argv[++i].split(",").filter(Boolean);
+    else if (a === "--disallowedTools") opts.disallowedTools = argv[++i].split(",").filter(Boolean);
     else throw new Error(`unknown argument ${a}`);
   }
-  if (text === undefined) throw new Error("usage: lap-agent-sdk [--resume ID] [--model M] [--append-system-prompt P] -- TEXT");
+  if (text === undefined)
+    throw new Error(
+      "usage: lap-agent-sdk [--permission-mode M] [--allowedTools A,B] [--disallowedTools C] [--resume ID] [--model M] [--append-system-prompt P] -- TEXT",
+    );
   return { opts, text };
 }
 
 async function main() {
+  if (process.argv[2] === "--check") {
+    await loadSdk();
+    return;
+  }
   const { opts, text } = parseArgs(process.argv.slice(2));
   const { query } = await loadSdk();
   const options = {
@@ -48,6 +68,12 @@ async function main() {
   };
   if (opts.resume) options.resume = opts.resume;
   if (opts.model) options.model = opts.model;
+  if (opts.permissionMode) {
+    options.permissionMode = opts.permissionMode;
+    if (opts.permissionMode === "bypassPermissions") options.allowDangerouslySkipPermissions = true;
+  }
+  if (opts.allowedTools) options.allowedTools = opts.allowedTools;
+  if (opts.disallowedTools) options.disallowedTools = opts.disallowedTools;
   for await (const message of query({ prompt: text, options })) {
     process.stdout.write(JSON.stringify(message) + "\n");
   }

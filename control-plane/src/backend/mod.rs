@@ -28,6 +28,10 @@ pub struct SandboxSpec {
     pub deny_out: Vec<String>,
     /// For the sidecar only: each with its real value and its per-session stub.
     pub secrets: Vec<SecretSpec>,
+    /// The agent's `tools[]` (`None`: every tool), for the harness as `LAP_AGENT_TOOLS`.
+    pub tools: Option<Vec<String>>,
+    /// The agent's plain `env`, for the harness as it is (validated: no reserved name).
+    pub env: BTreeMap<String, String>,
     /// The per-session token the harness requires as Bearer.
     pub harness_token: String,
     /// Kubernetes: the agent's resources and runtime class (the local backend ignores it).
@@ -43,6 +47,16 @@ impl SandboxSpec {
         if let Some(tx) = &self.phases {
             let _ = tx.send(phase);
         }
+    }
+
+    /// The agent's settings as harness variables: its plain `env`, then `LAP_AGENT_TOOLS`
+    /// (comma-separated; empty for no tool) when it lists tools.
+    pub fn agent_env(&self) -> BTreeMap<String, String> {
+        let mut env = self.env.clone();
+        if let Some(t) = &self.tools {
+            env.insert("LAP_AGENT_TOOLS".to_owned(), t.join(","));
+        }
+        env
     }
 
     /// The harness's view of the secrets: name → stub.

@@ -347,6 +347,8 @@ pub fn session_env(spec: &SandboxSpec) -> BTreeMap<String, String> {
             env.insert(k.to_owned(), v.clone());
         }
     }
+    // The agent's plain variables first: a session's stub of the same name wins.
+    env.extend(spec.agent_env());
     env.extend(spec.stub_env());
     env
 }
@@ -694,6 +696,8 @@ mod tests {
                 ..SecretSpec::default()
             }],
             harness_token: "htok".into(),
+            tools: None,
+            env: Default::default(),
             placement: Default::default(),
             phases: None,
         }

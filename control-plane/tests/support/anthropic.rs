@@ -1,6 +1,10 @@
 //! A local TLS stand-in for the Anthropic Messages API (`POST /v1/messages`, streaming SSE or
-//! JSON). It answers only when `x-api-key` or `Authorization: Bearer` carries the REAL key;
-//! anything else gets Anthropic's 401 shape. Certificates come from a test CA made with rcgen.
+//! JSON) and the OpenAI Responses API (`POST /v1/responses`, SSE). It answers only when
+//! `x-api-key` or `Authorization: Bearer` carries the REAL key; anything else gets the API's 401
+//! shape. What it answers is scripted ([`super::model_script`]): a plain reply, or one tool call
+//! (`LAP-RUN:`, `LAP-WRITE:` in the prompt) and then text quoting the tool's result. Every
+//! authorised request body is kept in [`StandIn::requests`]. Certificates come from a test CA
+//! made with rcgen.
 
 use std::convert::Infallible;
 use std::path::PathBuf;
@@ -14,6 +18,11 @@ use hyper::{Request, Response};
 use hyper_util::rt::{TokioExecutor, TokioIo};
 use rustls::pki_types::{CertificateDer, PrivateKeyDer, PrivatePkcs8KeyDer};
 
+use super::model_script;
+
+/// Request bodies the stand-in answered (authorised ones), oldest first.
+pub type Requests = Arc<std::sync::Mutex<Vec<serde_json::Value>>>;
+
 /// The reply text the stand-in's model gives.
 pub const REPLY: &str = "Hello from the local Anthropic stand-in";
 
@@ -22,6 +31,7 @@ pub struct StandIn {
     pub ca_path: PathBuf,
     pub authorized: Arc<AtomicUsize>,
     pub rejected: Arc<AtomicUsize>,
+    pub requests: Requests,
     _dir: tempfile::TempDir,
     task: tokio::task::JoinHandle<()>,
 }
@@ -54,49 +64,12 @@ fn pki() -> (String, Vec<CertificateDer<'static>>, PrivateKeyDer<'static>) {
     (ca.pem(), vec![leaf.der().clone(), ca.der().clone()], key)
 }
 
-fn sse(model: &str) -> String {
-    let events = [
-        (
-            "message_start",
-            serde_json::json!({"type":"message_start","message":{"id":"msg_standin","type":"message","role":"assistant","model":model,"content":[],"stop_reason":null,"stop_sequence":null,"usage":{"input_tokens":10,"output_tokens":1}}}),
-        ),
-        (
-            "content_block_start",
-            serde_json::json!({"type":"content_block_start","index":0,"content_block":{"type":"text","text":""}}),
-        ),
-        ("ping", serde_json::json!({"type":"ping"})),
-        (
-            "content_block_delta",
-            serde_json::json!({"type":"content_block_delta","index":0,"delta":{"type":"text_delta","text":REPLY}}),
-        ),
-        (
-            "content_block_stop",
-            serde_json::json!({"type":"content_block_stop","index":0}),
-        ),
-        (
-            "message_delta",
-            serde_json::json!({"type":"message_delta","delta":{"stop_reason":"end_turn","stop_sequence":null},"usage":{"output_tokens":9}}),
-        ),
-        ("message_stop", serde_json::json!({"type":"message_stop"})),
-    ];
-    events
-        .iter()
-        .map(|(e, d)| format!("event: {e}\ndata: {d}\n\n"))
-        .collect()
-}
-
-fn json_message(model: &str) -> String {
-    serde_json::json!({"id":"msg_standin","type":"message","role":"assistant","model":model,
-        "content":[{"type":"text","text":REPLY}],"stop_reason":"end_turn","stop_sequence":null,
-        "usage":{"input_tokens":10,"output_tokens":9}})
-    .to_string()
-}
-
 async fn handle(
     req: Request<Incoming>,
     real: Arc<String>,
     ok: Arc<AtomicUsize>,
     bad: Arc<AtomicUsize>,
+    requests: Requests,
 ) -> Result<Response<Full<Bytes>>, Infallible> {
     let host = req.uri().host().map(str::to_owned).or_else(|| {
         req.headers()
@@ -123,7 +96,7 @@ async fn handle(
             .unwrap())
     };
     if host.as_deref() == Some("api.openai.com") {
-        return openai(&method, &path, &body, key_ok, &ok, &bad);
+        return openai(&method, &path, &body, key_ok, &ok, &bad, &requests);
     }
     if !key_ok {
         bad.fetch_add(1, Ordering::SeqCst);
@@ -135,6 +108,7 @@ async fn handle(
     }
     ok.fetch_add(1, Ordering::SeqCst);
     let v: serde_json::Value = serde_json::from_slice(&body).unwrap_or_default();
+    requests.lock().unwrap().push(v.clone());
     let model = v
         .get("model")
         .and_then(|m| m.as_str())
@@ -144,10 +118,11 @@ async fn handle(
         return resp(200, "application/json", r#"{"input_tokens":10}"#.into());
     }
     if path.starts_with("/v1/messages") {
+        let turn = model_script::anthropic_turn(&v, REPLY);
         if v.get("stream").and_then(|s| s.as_bool()) == Some(true) {
-            return resp(200, "text/event-stream", sse(&model));
+            return resp(200, "text/event-stream", model_script::anthropic_sse(&turn, &model));
         }
-        return resp(200, "application/json", json_message(&model));
+        return resp(200, "application/json", model_script::anthropic_json(&turn, &model));
     }
     resp(
         404,
@@ -168,6 +143,7 @@ fn openai(
     key_ok: bool,
     ok: &AtomicUsize,
     bad: &AtomicUsize,
+    requests: &Requests,
 ) -> Result<Response<Full<Bytes>>, Infallible> {
     let resp = |status: u16, ct: &str, body: String| {
         Ok(Response::builder()
@@ -206,67 +182,9 @@ fn openai(
         .and_then(|m| m.as_str())
         .unwrap_or("gpt-standin")
         .to_owned();
-    let (resp_id, msg_id) = ("resp_standin01", "msg_standin01");
-    let base = serde_json::json!({"id": resp_id, "object": "response", "created_at": 1_700_000_000, "model": model,
-        "status": "in_progress", "output": [], "usage": null});
-    let item = serde_json::json!({"type": "message", "id": msg_id, "status": "completed", "role": "assistant",
-        "content": [{"type": "output_text", "text": OPENAI_REPLY, "annotations": []}]});
-    let mut completed = base.clone();
-    completed["status"] = "completed".into();
-    completed["output"] = serde_json::json!([item.clone()]);
-    completed["usage"] = serde_json::json!({"input_tokens": 12, "input_tokens_details": {"cached_tokens": 0},
-        "output_tokens": 7, "output_tokens_details": {"reasoning_tokens": 0}, "total_tokens": 19});
-    let events = [
-        (
-            "response.created",
-            serde_json::json!({"sequence_number": 0, "response": base.clone()}),
-        ),
-        (
-            "response.in_progress",
-            serde_json::json!({"sequence_number": 1, "response": base}),
-        ),
-        (
-            "response.output_item.added",
-            serde_json::json!({"sequence_number": 2, "output_index": 0,
-            "item": {"type": "message", "id": msg_id, "status": "in_progress", "role": "assistant", "content": []}}),
-        ),
-        (
-            "response.content_part.added",
-            serde_json::json!({"sequence_number": 3, "item_id": msg_id,
-            "output_index": 0, "content_index": 0, "part": {"type": "output_text", "text": "", "annotations": []}}),
-        ),
-        (
-            "response.output_text.delta",
-            serde_json::json!({"sequence_number": 4, "item_id": msg_id,
-            "output_index": 0, "content_index": 0, "delta": OPENAI_REPLY}),
-        ),
-        (
-            "response.output_text.done",
-            serde_json::json!({"sequence_number": 5, "item_id": msg_id,
-            "output_index": 0, "content_index": 0, "text": OPENAI_REPLY}),
-        ),
-        (
-            "response.content_part.done",
-            serde_json::json!({"sequence_number": 6, "item_id": msg_id,
-            "output_index": 0, "content_index": 0,
-            "part": {"type": "output_text", "text": OPENAI_REPLY, "annotations": []}}),
-        ),
-        (
-            "response.output_item.done",
-            serde_json::json!({"sequence_number": 7, "output_index": 0, "item": item}),
-        ),
-        (
-            "response.completed",
-            serde_json::json!({"sequence_number": 8, "response": completed}),
-        ),
-    ];
-    let sse: String = events
-        .into_iter()
-        .map(|(t, mut v)| {
-            v["type"] = t.into();
-            format!("event: {t}\ndata: {v}\n\n")
-        })
-        .collect();
+    requests.lock().unwrap().push(v.clone());
+    let turn = model_script::openai_turn(&v, OPENAI_REPLY);
+    let sse = model_script::openai_sse(&turn, &model);
     resp(200, "text/event-stream", sse)
 }
 
@@ -289,16 +207,25 @@ impl StandIn {
         let port = listener.local_addr().unwrap().port();
         let authorized = Arc::new(AtomicUsize::new(0));
         let rejected = Arc::new(AtomicUsize::new(0));
-        let (ok, bad, real) = (authorized.clone(), rejected.clone(), Arc::new(real_key.to_owned()));
+        let requests: Requests = Arc::default();
+        let (ok, bad, real, reqs) = (
+            authorized.clone(),
+            rejected.clone(),
+            Arc::new(real_key.to_owned()),
+            requests.clone(),
+        );
         let task = tokio::spawn(async move {
             loop {
                 let Ok((tcp, _)) = listener.accept().await else {
                     continue;
                 };
-                let (acceptor, ok, bad, real) = (acceptor.clone(), ok.clone(), bad.clone(), real.clone());
+                let (acceptor, ok, bad, real, reqs) =
+                    (acceptor.clone(), ok.clone(), bad.clone(), real.clone(), reqs.clone());
                 tokio::spawn(async move {
                     let Ok(tls) = acceptor.accept(tcp).await else { return };
-                    let svc = hyper::service::service_fn(move |req| handle(req, real.clone(), ok.clone(), bad.clone()));
+                    let svc = hyper::service::service_fn(move |req| {
+                        handle(req, real.clone(), ok.clone(), bad.clone(), reqs.clone())
+                    });
                     let _ = hyper_util::server::conn::auto::Builder::new(TokioExecutor::new())
                         .serve_connection(TokioIo::new(tls), svc)
                         .await;
@@ -310,6 +237,7 @@ impl StandIn {
             ca_path,
             authorized,
             rejected,
+            requests,
             _dir: dir,
             task,
         }

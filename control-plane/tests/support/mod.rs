@@ -6,5 +6,6 @@
 pub mod anthropic;
 pub mod browser;
 pub mod fake_cli;
+pub mod model_script;
 pub mod server;
 pub mod tmux;

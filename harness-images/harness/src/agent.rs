@@ -12,6 +12,94 @@ use tokio::process::Command;
 /// How long one message may run.
 pub const MESSAGE_TIMEOUT: Duration = Duration::from_secs(30 * 60);
 
+/// The tool names an agent's `tools[]` may list (`LAP_AGENT_TOOLS`, comma-separated), the same
+/// for every harness; each CLI's own names are in [`claude_tool_names`] and [`opencode_permission`].
+pub const TOOL_NAMES: &[&str] = &["bash", "read", "edit", "write", "glob", "grep", "webfetch", "websearch"];
+
+/// `LAP_AGENT_TOOLS`: unset is every tool (`None`); otherwise the comma-separated names, each one
+/// of [`TOOL_NAMES`] (`""` is no tool at all).
+pub fn parse_tools(value: Option<&str>) -> Result<Option<Vec<String>>, String> {
+    let Some(v) = value else { return Ok(None) };
+    let mut out = Vec::new();
+    for name in v.split(',').map(str::trim).filter(|n| !n.is_empty()) {
+        if !TOOL_NAMES.contains(&name) {
+            return Err(format!(
+                "LAP_AGENT_TOOLS: unknown tool `{name}` (known: {})",
+                TOOL_NAMES.join(", ")
+            ));
+        }
+        if !out.iter().any(|o| o == name) {
+            out.push(name.to_owned());
+        }
+    }
+    Ok(Some(out))
+}
+
+/// Claude Code's (and the Agent SDK's) tool names for one of [`TOOL_NAMES`].
+pub fn claude_tool_names(tool: &str) -> &'static [&'static str] {
+    match tool {
+        "bash" => &["Bash", "BashOutput", "KillShell"],
+        "read" => &["Read", "LS"],
+        "edit" => &["Edit", "MultiEdit", "NotebookEdit"],
+        "write" => &["Write"],
+        "glob" => &["Glob"],
+        "grep" => &["Grep"],
+        "webfetch" => &["WebFetch"],
+        "websearch" => &["WebSearch"],
+        _ => &[],
+    }
+}
+
+/// Claude's `--allowedTools` and `--disallowedTools` values (comma-separated) for `tools`.
+pub fn claude_tool_lists(tools: &[String]) -> (String, String) {
+    let (mut allowed, mut denied) = (Vec::new(), Vec::new());
+    for t in TOOL_NAMES {
+        let names = claude_tool_names(t);
+        if tools.iter().any(|x| x == t) {
+            allowed.extend_from_slice(names);
+        } else {
+            denied.extend_from_slice(names);
+        }
+    }
+    (allowed.join(","), denied.join(","))
+}
+
+/// opencode's `permission` configuration (its `OPENCODE_CONFIG_CONTENT`): `"allow"` for every
+/// tool; otherwise everything denied but the listed tools (opencode's `edit` covers its `write`
+/// and `patch` tools, `read` its `list`).
+pub fn opencode_permission(tools: Option<&[String]>) -> serde_json::Value {
+    let Some(tools) = tools else {
+        return serde_json::json!({ "permission": "allow" });
+    };
+    let mut p = serde_json::Map::new();
+    p.insert("*".into(), "deny".into());
+    for t in tools {
+        let keys: &[&str] = match t.as_str() {
+            "read" => &["read", "list"],
+            "write" | "edit" => &["edit"],
+            "bash" => &["bash"],
+            "glob" => &["glob"],
+            "grep" => &["grep"],
+            "webfetch" => &["webfetch"],
+            "websearch" => &["websearch"],
+            _ => &[],
+        };
+        for k in keys {
+            p.insert((*k).to_owned(), "allow".into());
+        }
+    }
+    serde_json::json!({ "permission": p })
+}
+
+/// What a message runs with besides its text: the agent's settings.
+#[derive(Debug, Clone, Copy, Default)]
+pub struct RunSettings<'a> {
+    pub model: Option<&'a str>,
+    pub prompt: Option<&'a str>,
+    /// `None`: every tool (see [`parse_tools`]).
+    pub tools: Option<&'a [String]>,
+}
+
 /// The agent CLIs a harness can drive.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum AgentKind {
@@ -22,6 +110,44 @@ pub enum AgentKind {
     /// small runner shipped with its image (`harness-images/claude-agent-sdk/`) that prints the
     /// SDK's messages as claude's stream-json. Message API only: no terminal UI.
     ClaudeAgentSdk,
+}
+
+/// `lap-agent-sdk` (harness-images/claude-agent-sdk/lap-agent-sdk.mjs), carried in the harness
+/// so the claude-agent-sdk harness runs where only the SDK is installed (the local backend):
+/// [`install_sdk_runner`].
+pub const SDK_RUNNER: &str = include_str!("../../claude-agent-sdk/lap-agent-sdk.mjs");
+
+/// Write [`SDK_RUNNER`] to `dir/lap-agent-sdk` (0755) and check that it loads the SDK
+/// (`lap-agent-sdk --check`); the runner's path, or what to install.
+pub async fn install_sdk_runner(dir: &std::path::Path) -> Result<PathBuf, String> {
+    use std::os::unix::fs::PermissionsExt;
+    let install = "npm install -g @anthropic-ai/claude-agent-sdk";
+    if which("node").is_none() {
+        return Err(format!(
+            "the claude-agent-sdk harness needs Node.js (`node` on PATH) and the SDK: {install}"
+        ));
+    }
+    let path = dir.join("lap-agent-sdk");
+    let write = || -> std::io::Result<()> {
+        std::fs::create_dir_all(dir)?;
+        std::fs::write(&path, SDK_RUNNER)?;
+        std::fs::set_permissions(&path, std::fs::Permissions::from_mode(0o755))
+    };
+    write().map_err(|e| format!("cannot write {}: {e}", path.display()))?;
+    let out = Command::new(&path)
+        .arg("--check")
+        .stdin(Stdio::null())
+        .output()
+        .await
+        .map_err(|e| format!("cannot run {}: {e}", path.display()))?;
+    if out.status.success() {
+        Ok(path)
+    } else {
+        Err(format!(
+            "the Claude Agent SDK is not installed where the harness runs ({}); install it with `{install}`",
+            tail(&String::from_utf8_lossy(&out.stderr))
+        ))
+    }
 }
 
 /// A message failed.
@@ -35,6 +161,8 @@ pub enum AgentError {
     },
     #[error("the agent did not answer within {0:?}")]
     Timeout(Duration),
+    #[error("the turn was aborted")]
+    Aborted,
     #[error("the agent failed: {0}")]
     Failed(String),
 }
@@ -71,18 +199,38 @@ impl AgentKind {
     }
 
     /// Arguments for one message; `conversation` is the id from the previous answer.
-    pub fn args(
-        self,
-        text: &str,
-        conversation: Option<&str>,
-        model: Option<&str>,
-        prompt: Option<&str>,
-    ) -> Vec<String> {
+    ///
+    /// Permissions (the sandbox is the safety boundary, so inside it the agent acts without
+    /// asking; nobody is there to answer a prompt):
+    /// - claude, claude-agent-sdk: every tool → `--permission-mode bypassPermissions`; a `tools`
+    ///   list → `--permission-mode dontAsk` with `--allowedTools` (the listed tools' Claude names)
+    ///   and `--disallowedTools` (the others'), so an unlisted tool is refused, not asked about.
+    /// - codex: every tool, or a list with `bash` → `--dangerously-bypass-approvals-and-sandbox`:
+    ///   codex's own sandbox (Landlock/seccomp, bubblewrap) cannot be set up inside ours (no
+    ///   nested user namespace), so `workspace-write` would make every command fail; approvals
+    ///   `never` because no one can answer. A list without `bash` → `--sandbox read-only`: codex
+    ///   has no per-tool switch, its commands and patches are then refused.
+    /// - opencode: its `permission` configuration in `OPENCODE_CONFIG_CONTENT` ([`Self::env`]).
+    pub fn args(self, text: &str, conversation: Option<&str>, s: &RunSettings<'_>) -> Vec<String> {
         let mut a: Vec<String> = Vec::new();
+        let (model, prompt) = (s.model, s.prompt);
         match self {
             Self::ClaudeCode | Self::ClaudeAgentSdk => {
                 if self == Self::ClaudeCode {
                     a.extend(["-p", "--output-format", "stream-json", "--verbose"].map(String::from));
+                }
+                match s.tools {
+                    None => a.extend(["--permission-mode", "bypassPermissions"].map(String::from)),
+                    Some(tools) => {
+                        let (allowed, denied) = claude_tool_lists(tools);
+                        a.extend(["--permission-mode".to_owned(), "dontAsk".to_owned()]);
+                        if !allowed.is_empty() {
+                            a.extend(["--allowedTools".to_owned(), allowed]);
+                        }
+                        if !denied.is_empty() {
+                            a.extend(["--disallowedTools".to_owned(), denied]);
+                        }
+                    }
                 }
                 if let Some(id) = conversation {
                     a.extend(["--resume".to_owned(), id.to_owned()]);
@@ -97,6 +245,12 @@ impl AgentKind {
             }
             Self::Codex => {
                 a.extend(["exec", "--json", "--skip-git-repo-check"].map(String::from));
+                let full = s.tools.is_none_or(|t| t.iter().any(|x| x == "bash"));
+                if full {
+                    a.push("--dangerously-bypass-approvals-and-sandbox".to_owned());
+                } else {
+                    a.extend(["--sandbox", "read-only"].map(String::from));
+                }
                 if let Some(m) = model {
                     a.extend(["-m".to_owned(), m.to_owned()]);
                 }
@@ -127,6 +281,18 @@ impl AgentKind {
             }
         }
         a
+    }
+
+    /// Environment for one message beyond the harness's own: opencode's permission
+    /// configuration ([`opencode_permission`]).
+    pub fn env(self, s: &RunSettings<'_>) -> Vec<(String, String)> {
+        match self {
+            Self::Opencode => vec![(
+                "OPENCODE_CONFIG_CONTENT".to_owned(),
+                opencode_permission(s.tools).to_string(),
+            )],
+            _ => Vec::new(),
+        }
     }
 
     /// Arguments for the interactive TUI the terminal runs; `None` when the harness has none
@@ -291,9 +457,9 @@ pub async fn run_once(
     bin: &std::path::Path,
     text: &str,
     conversation: Option<&str>,
-    model: Option<&str>,
-    prompt: Option<&str>,
+    settings: &RunSettings<'_>,
     events: Option<tokio::sync::mpsc::UnboundedSender<String>>,
+    abort: Option<tokio::sync::watch::Receiver<u64>>,
 ) -> Result<Reply, AgentError> {
     use tokio::io::{AsyncBufReadExt, AsyncReadExt, BufReader};
     let spawn_err = |source| AgentError::Spawn {
@@ -301,10 +467,13 @@ pub async fn run_once(
         source,
     };
     let mut cmd = Command::new(bin);
-    cmd.args(kind.args(text, conversation, model, prompt))
+    cmd.args(kind.args(text, conversation, settings))
+        .envs(kind.env(settings))
         .stdin(Stdio::null())
         .stdout(Stdio::piped())
         .stderr(Stdio::piped())
+        // Its own process group: an abort or a timeout ends the CLI and every command it started.
+        .process_group(0)
         .kill_on_drop(true);
     // Keep the CLIs quiet: no auto-update, telemetry or other non-essential traffic.
     cmd.env("CLAUDE_CODE_DISABLE_NONESSENTIAL_TRAFFIC", "1")
@@ -313,6 +482,7 @@ pub async fn run_once(
     let mut child = cmd.spawn().map_err(spawn_err)?;
     let stdout_pipe = child.stdout.take();
     let stderr_pipe = child.stderr.take();
+    let pid = child.id();
     let run = async {
         let stderr_task = tokio::spawn(async move {
             let mut buf = Vec::new();
@@ -336,9 +506,30 @@ pub async fn run_once(
         let stderr = stderr_task.await.unwrap_or_default();
         Ok::<_, AgentError>((status, stdout, stderr))
     };
-    let (status, stdout, stderr) = tokio::time::timeout(MESSAGE_TIMEOUT, run)
-        .await
-        .map_err(|_| AgentError::Timeout(MESSAGE_TIMEOUT))??;
+    let aborted = async {
+        match abort {
+            Some(mut rx) => {
+                if rx.changed().await.is_err() {
+                    std::future::pending::<()>().await;
+                }
+            }
+            None => std::future::pending::<()>().await,
+        }
+    };
+    let outcome = tokio::select! {
+        r = tokio::time::timeout(MESSAGE_TIMEOUT, run) => r.map_err(|_| AgentError::Timeout(MESSAGE_TIMEOUT)),
+        () = aborted => Err(AgentError::Aborted),
+    };
+    if outcome.is_err() {
+        if let Some(pgid) = pid
+            .and_then(|p| i32::try_from(p).ok())
+            .and_then(rustix::process::Pid::from_raw)
+        {
+            let _ = rustix::process::kill_process_group(pgid, rustix::process::Signal::KILL);
+        }
+        let _ = child.wait().await;
+    }
+    let (status, stdout, stderr) = outcome??;
     match kind.parse_output(&stdout) {
         Ok(reply) if status.success() || !reply.text.is_empty() => Ok(reply),
         Ok(_) => Err(AgentError::Failed(tail(&stderr))),
@@ -363,31 +554,141 @@ mod tests {
     #![allow(clippy::unwrap_used)]
     use super::*;
 
+    const ALL: RunSettings<'static> = RunSettings {
+        model: None,
+        prompt: None,
+        tools: None,
+    };
+
     #[test]
     fn claude_args_resume_and_model() {
-        let a = AgentKind::ClaudeCode.args("hi", None, None, None);
-        assert_eq!(a, ["-p", "--output-format", "stream-json", "--verbose", "--", "hi"]);
-        let a = AgentKind::ClaudeCode.args("--help me", None, None, None);
+        let a = AgentKind::ClaudeCode.args("hi", None, &ALL);
+        assert_eq!(
+            a,
+            [
+                "-p",
+                "--output-format",
+                "stream-json",
+                "--verbose",
+                "--permission-mode",
+                "bypassPermissions",
+                "--",
+                "hi"
+            ]
+        );
+        let a = AgentKind::ClaudeCode.args("--help me", None, &ALL);
         assert_eq!(a[a.len() - 2..], ["--", "--help me"]);
-        let a = AgentKind::ClaudeCode.args("hi", Some("abc"), Some("m"), Some("be nice"));
+        let s = RunSettings {
+            model: Some("m"),
+            prompt: Some("be nice"),
+            tools: None,
+        };
+        let a = AgentKind::ClaudeCode.args("hi", Some("abc"), &s);
         assert!(a.windows(2).any(|w| w == ["--resume", "abc"]));
         assert!(a.windows(2).any(|w| w == ["--model", "m"]));
         assert!(a.windows(2).any(|w| w == ["--append-system-prompt", "be nice"]));
     }
 
     #[test]
+    fn claude_tools_allow_the_listed_and_refuse_the_rest() {
+        let tools = vec!["read".to_owned(), "bash".to_owned()];
+        let s = RunSettings {
+            tools: Some(&tools),
+            ..ALL
+        };
+        for kind in [AgentKind::ClaudeCode, AgentKind::ClaudeAgentSdk] {
+            let a = kind.args("hi", None, &s);
+            assert!(a.windows(2).any(|w| w == ["--permission-mode", "dontAsk"]), "{a:?}");
+            assert!(
+                a.windows(2)
+                    .any(|w| w == ["--allowedTools", "Bash,BashOutput,KillShell,Read,LS"]),
+                "{a:?}"
+            );
+            let denied = a.iter().skip_while(|x| *x != "--disallowedTools").nth(1).unwrap();
+            assert!(
+                denied.contains("Write") && denied.contains("Edit") && !denied.contains("Bash"),
+                "{denied}"
+            );
+        }
+        // No tool at all: nothing allowed, everything refused.
+        let none: Vec<String> = Vec::new();
+        let a = AgentKind::ClaudeCode.args(
+            "hi",
+            None,
+            &RunSettings {
+                tools: Some(&none),
+                ..ALL
+            },
+        );
+        assert!(!a.iter().any(|x| x == "--allowedTools"), "{a:?}");
+        assert!(a.iter().any(|x| x == "--disallowedTools"), "{a:?}");
+    }
+
+    #[test]
+    fn tools_are_parsed_and_checked() {
+        assert_eq!(parse_tools(None).unwrap(), None);
+        assert_eq!(parse_tools(Some("")).unwrap(), Some(vec![]));
+        assert_eq!(
+            parse_tools(Some("bash, edit,bash")).unwrap(),
+            Some(vec!["bash".to_owned(), "edit".to_owned()])
+        );
+        let e = parse_tools(Some("bash,rm")).unwrap_err();
+        assert!(e.contains("`rm`") && e.contains("LAP_AGENT_TOOLS"), "{e}");
+    }
+
+    #[test]
+    fn opencode_permissions() {
+        assert_eq!(opencode_permission(None), serde_json::json!({"permission": "allow"}));
+        let tools = vec!["write".to_owned(), "read".to_owned()];
+        assert_eq!(
+            opencode_permission(Some(&tools)),
+            serde_json::json!({"permission": {"*": "deny", "edit": "allow", "read": "allow", "list": "allow"}})
+        );
+        let env = AgentKind::Opencode.env(&ALL);
+        assert_eq!(env[0].0, "OPENCODE_CONFIG_CONTENT");
+        assert!(AgentKind::ClaudeCode.env(&ALL).is_empty());
+    }
+
+    #[test]
     fn codex_and_opencode_args() {
         assert_eq!(
-            AgentKind::Codex.args("hi", None, None, None),
-            ["exec", "--json", "--skip-git-repo-check", "--", "hi"]
+            AgentKind::Codex.args("hi", None, &ALL),
+            [
+                "exec",
+                "--json",
+                "--skip-git-repo-check",
+                "--dangerously-bypass-approvals-and-sandbox",
+                "--",
+                "hi"
+            ]
         );
         assert_eq!(
-            AgentKind::Codex.args("hi", Some("t1"), None, None),
-            ["exec", "--json", "--skip-git-repo-check", "resume", "t1", "--", "hi"]
+            AgentKind::Codex.args("hi", Some("t1"), &ALL),
+            [
+                "exec",
+                "--json",
+                "--skip-git-repo-check",
+                "--dangerously-bypass-approvals-and-sandbox",
+                "resume",
+                "t1",
+                "--",
+                "hi"
+            ]
         );
-        assert_eq!(AgentKind::Opencode.args("hi", None, None, None), ["run", "--", "hi"]);
+        let read_only = vec!["read".to_owned()];
+        let a = AgentKind::Codex.args(
+            "hi",
+            None,
+            &RunSettings {
+                tools: Some(&read_only),
+                ..ALL
+            },
+        );
+        assert!(a.windows(2).any(|w| w == ["--sandbox", "read-only"]), "{a:?}");
+        assert!(!a.iter().any(|x| x.starts_with("--dangerously")), "{a:?}");
+        assert_eq!(AgentKind::Opencode.args("hi", None, &ALL), ["run", "--", "hi"]);
         assert_eq!(
-            AgentKind::Opencode.args("hi", Some("continue"), None, None),
+            AgentKind::Opencode.args("hi", Some("continue"), &ALL),
             ["run", "--continue", "--", "hi"]
         );
     }
@@ -451,7 +752,10 @@ mod tests {
         let sdk = AgentKind::parse("claude-agent-sdk").unwrap();
         assert_eq!(sdk.binary(), "lap-agent-sdk");
         assert_eq!(sdk.npm_package(), "@anthropic-ai/claude-agent-sdk");
-        assert_eq!(sdk.args("hi", Some("s"), None, None), ["--resume", "s", "--", "hi"]);
+        assert_eq!(
+            sdk.args("hi", Some("s"), &ALL),
+            ["--permission-mode", "bypassPermissions", "--resume", "s", "--", "hi"]
+        );
         assert_eq!(AgentKind::parse("codex").unwrap().npm_package(), "@openai/codex");
         assert!(AgentKind::parse("vim").is_none());
     }

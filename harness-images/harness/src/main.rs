@@ -90,6 +90,9 @@ fn main() -> ExitCode {
     // so neither the agent nor its terminal ever inherit it.
     let git_token = env("GIT_TOKEN");
     std::env::remove_var("GIT_TOKEN");
+    // A restarted harness (`POST /restart`) keeps the workspace as it is: no clone, no requirements.
+    let restarted = env(RESTARTED).is_some();
+    std::env::remove_var(RESTARTED);
     if env("LAP_VAULT_HANDOFF").as_deref() == Some("stdin") {
         let listen = env("LAP_VAULT_LISTEN").unwrap_or_else(|| "127.0.0.1:14322".into());
         if let Err(e) = lap_harness::vault_handoff::run(&listen) {
@@ -106,10 +109,10 @@ fn main() -> ExitCode {
         Ok(r) => r,
         Err(e) => return fatal(format!("cannot start the async runtime: {e}")),
     };
-    runtime.block_on(run(git_token))
+    runtime.block_on(run(git_token, restarted))
 }
 
-async fn run(git_token: Option<String>) -> ExitCode {
+async fn run(git_token: Option<String>, restarted: bool) -> ExitCode {
     let filter = env("LAP_LOG")
         .or_else(|| env("RUST_LOG"))
         .unwrap_or_else(|| "info".into());
@@ -134,26 +137,34 @@ async fn run(git_token: Option<String>) -> ExitCode {
         None => 8080,
         Some(Err(_)) => return fatal("PORT is not a port number"),
     };
-    let Some(bin) = agent::which(kind.binary()) else {
-        if kind == AgentKind::ClaudeAgentSdk {
-            return fatal(
-                "the `lap-agent-sdk` runner for harness claude-agent-sdk is not installed where the harness \
-                 runs; use the harness-images/claude-agent-sdk image (npm install -g \
-                 @anthropic-ai/claude-agent-sdk, and lap-agent-sdk.mjs on PATH as lap-agent-sdk)",
-            );
+    let bin = match agent::which(kind.binary()) {
+        Some(bin) => bin,
+        // No runner on PATH (the local backend): the copy this harness carries, under $HOME.
+        None if kind == AgentKind::ClaudeAgentSdk => {
+            let home = env("HOME").unwrap_or_else(|| "/tmp".into());
+            match agent::install_sdk_runner(&std::path::Path::new(&home).join(".lap")).await {
+                Ok(p) => p,
+                Err(e) => return fatal(e),
+            }
         }
-        return fatal(format!(
-            "the `{}` CLI for harness {harness_id} is not installed where the harness runs; \
-             install it with `npm install -g {}` and create a new session",
-            kind.binary(),
-            kind.npm_package()
-        ));
+        None => {
+            return fatal(format!(
+                "the `{}` CLI for harness {harness_id} is not installed where the harness runs; \
+                 install it with `npm install -g {}` and create a new session",
+                kind.binary(),
+                kind.npm_package()
+            ))
+        }
     };
     let workspace = match std::env::current_dir() {
         Ok(d) => d,
         Err(e) => return fatal(format!("cannot read the working directory: {e}")),
     };
     let (model, prompt) = (env("LAP_MODEL"), env("AGENT_PROMPT"));
+    let tools = match agent::parse_tools(std::env::var("LAP_AGENT_TOOLS").ok().as_deref()) {
+        Ok(t) => t,
+        Err(e) => return fatal(e),
+    };
     let terminal = kind.tui_args(model.as_deref(), prompt.as_deref()).map(|args| {
         Terminal::new(
             TtyCommand {
@@ -171,7 +182,7 @@ async fn run(git_token: Option<String>) -> ExitCode {
         )
     });
 
-    let first_phase = if env("REPO_URL").is_some() {
+    let first_phase = if env("REPO_URL").is_some() && !restarted {
         Phase::CloningRepo
     } else {
         Phase::InstallingDeps
@@ -183,17 +194,37 @@ async fn run(git_token: Option<String>) -> ExitCode {
         token,
         model,
         prompt,
+        tools,
         conversation: tokio::sync::Mutex::new(None),
         terminal,
         phase: std::sync::RwLock::new(first_phase),
         events: tokio::sync::broadcast::channel(1024).0,
+        abort: tokio::sync::watch::channel(0).0,
+        restart: tokio::sync::Notify::new(),
+        boot: format!(
+            "{}-{}",
+            std::process::id(),
+            std::time::SystemTime::now()
+                .duration_since(std::time::UNIX_EPOCH)
+                .map(|d| d.as_nanos())
+                .unwrap_or_default()
+        ),
     });
     // Listen first, so the control plane can follow the bring-up phases on /healthz. A Unix
     // socket for the local backend (LAP_HARNESS_SOCKET); LAP_HARNESS_HOST=0.0.0.0 in a container.
     let serve_h = Arc::clone(&h);
     let stop_h = Arc::clone(&h);
+    let (restart_tx, mut restart_rx) = tokio::sync::oneshot::channel::<()>();
     let stopped = async move {
-        shutdown_signal().await;
+        tokio::select! {
+            () = shutdown_signal() => {},
+            () = stop_h.restart.notified() => {
+                // The running turn ends (its CLI killed) before the process is replaced.
+                stop_h.abort.send_modify(|g| *g = g.wrapping_add(1));
+                let _ = tokio::time::timeout(std::time::Duration::from_secs(10), stop_h.conversation.lock()).await;
+                let _ = restart_tx.send(());
+            }
+        }
         // Viewers' WebSockets end when the agent does.
         if let Some(t) = &stop_h.terminal {
             t.shutdown();
@@ -224,13 +255,13 @@ async fn run(git_token: Option<String>) -> ExitCode {
     };
 
     let bring_up = async {
-        if let Some(url) = env("REPO_URL") {
+        if let Some(url) = env("REPO_URL").filter(|_| !restarted) {
             h.set_phase(Phase::CloningRepo);
             bringup::clone_repo(&url, env("BRANCH").as_deref(), git_token.as_deref(), &workspace).await?;
         }
         drop(git_token);
         h.set_phase(Phase::InstallingDeps);
-        if let Some(cmd) = env("AGENT_REQUIREMENTS") {
+        if let Some(cmd) = env("AGENT_REQUIREMENTS").filter(|_| !restarted) {
             bringup::install_requirements(&cmd, &workspace).await?;
         }
         match kind {
@@ -260,10 +291,34 @@ async fn run(git_token: Option<String>) -> ExitCode {
     }
     h.set_phase(Phase::HarnessListening);
     tracing::info!(port, "lap-harness listening");
-    let result = server.await;
+    // A restart: stop serving (connections still open, an /events stream, get a moment), then
+    // replace this process with a fresh harness, in the same sandbox and environment.
+    let mut result = None;
+    let mut restart = tokio::select! {
+        r = &mut server => {
+            result = Some(r);
+            false
+        }
+        // Err: the sender went with a SIGTERM shutdown.
+        r = &mut restart_rx => r.is_ok(),
+    };
+    if result.is_some() {
+        // Both may be done at once: a restart finishes serving right after it is announced.
+        restart = restart_rx.try_recv().is_ok();
+    }
     if let Some(t) = &h.terminal {
         t.shutdown();
     }
+    if restart {
+        if result.is_none() {
+            let _ = tokio::time::timeout(std::time::Duration::from_secs(2), server).await;
+        }
+        return re_exec();
+    }
+    let result = match result {
+        Some(r) => r,
+        None => server.await,
+    };
     match result {
         Ok(Ok(())) => ExitCode::SUCCESS,
         Ok(Err(e)) => fatal(e),
@@ -304,6 +359,21 @@ fn bootstrap_then_exec(token: String) -> ExitCode {
         .env_remove(bootstrap::TOKEN_VAR)
         .exec();
     fatal(format!("bootstrap: exec: {err}"))
+}
+
+/// Set in the environment of a harness that replaced itself on `POST /restart`.
+const RESTARTED: &str = "LAP_HARNESS_RESTARTED";
+
+/// `exec` this program again, marked [`RESTARTED`].
+fn re_exec() -> ExitCode {
+    use std::os::unix::process::CommandExt;
+    let exe = match std::env::current_exe() {
+        Ok(p) => p,
+        Err(e) => return fatal(format!("restart: cannot find this program: {e}")),
+    };
+    tracing::info!("restarting the harness");
+    let err = std::process::Command::new(exe).env(RESTARTED, "1").exec();
+    fatal(format!("restart: exec: {err}"))
 }
 
 /// SIGTERM or Ctrl-C.

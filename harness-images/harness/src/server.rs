@@ -1,6 +1,6 @@
-//! The harness's HTTP server: `GET /healthz`, `POST /message`, `POST /message_stream`, `GET /tty`
-//! (WebSocket, see [`crate::tty`]), all but `/healthz` behind `Authorization: Bearer
-//! <HARNESS_AUTH_TOKEN>`. Messages run one at a time.
+//! The harness's HTTP server: `GET /healthz`, `POST /message`, `POST /message_stream`, `POST
+//! /abort`, `POST /restart`, `GET /tty` (WebSocket, see [`crate::tty`]), all but `/healthz`
+//! behind `Authorization: Bearer <HARNESS_AUTH_TOKEN>`. Messages run one at a time.
 
 use std::path::PathBuf;
 use std::sync::Arc;
@@ -32,6 +32,8 @@ pub struct Harness {
     pub token: String,
     pub model: Option<String>,
     pub prompt: Option<String>,
+    /// The agent's `tools[]` (`None`: every tool).
+    pub tools: Option<Vec<String>>,
     /// The conversation to resume; the lock also serialises messages.
     pub conversation: Mutex<Option<String>>,
     /// The agent's TUI; `None` for harnesses without one (claude-agent-sdk).
@@ -40,6 +42,12 @@ pub struct Harness {
     pub phase: std::sync::RwLock<Phase>,
     /// Every agent event (one JSON line of the CLI's own stream) of every message, for `/events`.
     pub events: tokio::sync::broadcast::Sender<String>,
+    /// Bumped by `POST /abort`: the running turn's CLI (and what it started) is killed.
+    pub abort: tokio::sync::watch::Sender<u64>,
+    /// This process's id on `/healthz` (`boot`): a restarted harness has another.
+    pub boot: String,
+    /// Notified by `POST /restart`: `main` stops serving and replaces the process.
+    pub restart: tokio::sync::Notify,
 }
 
 impl Harness {
@@ -69,6 +77,8 @@ pub fn router(h: Arc<Harness>) -> Router {
     let authed = Router::new()
         .route("/message", post(message))
         .route("/message_stream", post(message_stream))
+        .route("/abort", post(abort))
+        .route("/restart", post(restart))
         .route("/tty", get(tty_upgrade))
         .route("/events", get(events))
         .route_layer(middleware::from_fn_with_state(h.clone(), require_token));
@@ -104,11 +114,12 @@ async fn require_token(State(h): State<Arc<Harness>>, req: Request, next: Next) 
 async fn healthz(State(h): State<Arc<Harness>>) -> Response {
     let phase = h.current_phase();
     if phase == Phase::HarnessListening {
-        Json(serde_json::json!({ "status": "ok", "phase": phase.as_str(), "harness_id": h.harness_id })).into_response()
+        Json(serde_json::json!({ "status": "ok", "phase": phase.as_str(), "harness_id": h.harness_id, "boot": h.boot }))
+            .into_response()
     } else {
         (
             StatusCode::SERVICE_UNAVAILABLE,
-            Json(serde_json::json!({ "status": "starting", "phase": phase.as_str(), "harness_id": h.harness_id })),
+            Json(serde_json::json!({ "status": "starting", "phase": phase.as_str(), "harness_id": h.harness_id, "boot": h.boot })),
         )
             .into_response()
     }
@@ -121,7 +132,13 @@ async fn run(
     events: Option<tokio::sync::mpsc::UnboundedSender<String>>,
 ) -> Result<String, agent::AgentError> {
     let mut conv = h.conversation.lock().await;
-    let (model, prompt) = (h.model.as_deref(), h.prompt.as_deref());
+    // Only an abort sent from now on ends this turn.
+    let abort = h.abort.subscribe();
+    let settings = agent::RunSettings {
+        model: h.model.as_deref(),
+        prompt: h.prompt.as_deref(),
+        tools: h.tools.as_deref(),
+    };
     let (tee_tx, mut tee_rx) = tokio::sync::mpsc::unbounded_channel::<String>();
     let all = h.events.clone();
     let tee = tokio::spawn(async move {
@@ -134,7 +151,16 @@ async fn run(
             }
         }
     });
-    let reply = agent::run_once(h.kind, &h.bin, text, conv.as_deref(), model, prompt, Some(tee_tx)).await;
+    let reply = agent::run_once(
+        h.kind,
+        &h.bin,
+        text,
+        conv.as_deref(),
+        &settings,
+        Some(tee_tx),
+        Some(abort),
+    )
+    .await;
     let _ = tee.await;
     let reply = reply?;
     if reply.conversation.is_some() {
@@ -146,11 +172,36 @@ async fn run(
 async fn message(State(h): State<Arc<Harness>>, Json(m): Json<MessageIn>) -> Response {
     match run(&h, &m.text, None).await {
         Ok(text) => Json(serde_json::json!({ "parts": [{ "type": "text", "text": text }] })).into_response(),
+        Err(e @ agent::AgentError::Aborted) => error(StatusCode::CONFLICT, e.to_string()),
         Err(e) => {
             tracing::warn!(error = %e, "message failed");
             error(StatusCode::BAD_GATEWAY, e.to_string())
         }
     }
+}
+
+/// `POST /abort`: end the running turn (its CLI and every command it started are killed; its
+/// `/message` answers `409 {"error":"the turn was aborted"}`). `200 {"aborted": true}`, or
+/// `{"aborted": false}` when no turn was running. The conversation so far is kept.
+async fn abort(State(h): State<Arc<Harness>>) -> Response {
+    let running = h.conversation.try_lock().is_err();
+    if running {
+        h.abort.send_modify(|g| *g = g.wrapping_add(1));
+        tracing::info!("turn aborted");
+    }
+    Json(serde_json::json!({ "aborted": running })).into_response()
+}
+
+/// `POST /restart`: `202 {"status":"restarting"}`, then the running turn is aborted, the
+/// terminal's agent stopped, and the harness replaced by a fresh one in the same sandbox (same
+/// workspace, files kept; the conversation starts over). `/healthz` answers again once it serves.
+async fn restart(State(h): State<Arc<Harness>>) -> Response {
+    h.restart.notify_one();
+    (
+        StatusCode::ACCEPTED,
+        Json(serde_json::json!({ "status": "restarting" })),
+    )
+        .into_response()
 }
 
 /// SSE: an `agent` event per line the CLI prints (its own JSON events), then a `message`

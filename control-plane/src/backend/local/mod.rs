@@ -302,6 +302,8 @@ pub fn harness_env(spec: &SandboxSpec, paths: &HarnessPaths, proxy: &str) -> Vec
             env.push((k.to_owned(), v.clone()));
         }
     }
+    // The agent's plain variables first: a session's stub of the same name comes after and wins.
+    env.extend(spec.agent_env());
     for (name, stub) in spec.stub_env() {
         env.push((name, stub));
     }
@@ -1089,6 +1091,8 @@ mod tests {
                 ..SecretSpec::default()
             }],
             harness_token: "tok".into(),
+            tools: None,
+            env: Default::default(),
             placement: Default::default(),
             phases: None,
         }

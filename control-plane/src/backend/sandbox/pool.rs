@@ -354,6 +354,8 @@ mod tests {
                 ..SecretSpec::default()
             }],
             harness_token: "htok".into(),
+            tools: None,
+            env: Default::default(),
             placement: Placement::default(),
             phases: None,
         }
