@@ -431,23 +431,30 @@ mod tests {
 
     #[test]
     fn message_text_or_parts() {
-        let m = |v: serde_json::Value| serde_json::from_value::<MessageInput>(v).unwrap().into_text();
-        assert_eq!(m(serde_json::json!({"text": "hi"})).unwrap(), "hi");
+        let m = |v: serde_json::Value| {
+            serde_json::from_value::<MessageInput>(v)
+                .expect("a message")
+                .into_text()
+        };
+        assert_eq!(m(serde_json::json!({"text": "hi"})).expect("text"), "hi");
         assert_eq!(
-            m(serde_json::json!({"parts": [{"type": "text", "text": "a"}, {"type": "text", "text": "b"}]})).unwrap(),
+            m(serde_json::json!({"parts": [{"type": "text", "text": "a"}, {"type": "text", "text": "b"}]}))
+                .expect("text"),
             "a\n\nb"
         );
         assert!(m(serde_json::json!({"parts": [{"type": "image"}]}))
-            .unwrap_err()
+            .expect_err("refused")
             .starts_with("parts[0].type"));
         assert!(m(serde_json::json!({"parts": [{"type": "text"}]}))
-            .unwrap_err()
+            .expect_err("refused")
             .starts_with("parts[0].text"));
-        assert!(m(serde_json::json!({"parts": []})).unwrap_err().starts_with("parts:"));
+        assert!(m(serde_json::json!({"parts": []}))
+            .expect_err("refused")
+            .starts_with("parts:"));
         assert!(m(serde_json::json!({"text": "a", "parts": []}))
-            .unwrap_err()
+            .expect_err("refused")
             .contains("not both"));
-        assert!(m(serde_json::json!({})).unwrap_err().starts_with("text:"));
+        assert!(m(serde_json::json!({})).expect_err("refused").starts_with("text:"));
     }
 
     #[test]

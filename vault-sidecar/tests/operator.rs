@@ -150,7 +150,7 @@ async fn compressed_reflections_reach_the_client_decoded_and_redacted() {
         let mut s = Vec::new();
         flate2::read::GzDecoder::new(&up.gzip_bytes()[..])
             .read_to_end(&mut s)
-            .unwrap();
+            .expect("gunzip");
         s
     })
     .replace(ANTHROPIC_REAL, ANTHROPIC_STUB);
