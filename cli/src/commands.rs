@@ -383,6 +383,11 @@ async fn wait_ready(c: &Client, id: &str) -> Result<Value> {
                 if tty {
                     eprint!("\r\x1b[2K");
                 }
+                // The last phase ends with the session's bring-up, whether or not the final state
+                // names another phase.
+                if let Some(prev) = shown.take() {
+                    eprintln!("  ✓ {prev} ({:.1}s)", phase_started.elapsed().as_secs_f64());
+                }
                 return Ok(s);
             }
         }
