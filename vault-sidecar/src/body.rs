@@ -68,16 +68,6 @@ impl<B> StreamBody<B> {
     }
 }
 
-/// Replace real values in trailer values by their stubs.
-fn redact_trailers(secrets: &SecretSet, trailers: &mut HeaderMap) {
-    // A value that cannot be written redacted is not written at all (empty).
-    for (_, value) in trailers.iter_mut() {
-        if let Some(redacted) = crate::rewrite::redact_value(secrets, value.as_bytes()) {
-            *value = http::HeaderValue::from_bytes(&redacted).unwrap_or_else(|_| http::HeaderValue::from_static(""));
-        }
-    }
-}
-
 impl<B> Body for StreamBody<B>
 where
     B: Body<Data = Bytes>,
@@ -110,7 +100,7 @@ where
                         *this.done = true;
                         *this.trailers = frame.into_trailers().ok();
                         if let (Some(secrets), Some(t)) = (this.redact_trailers.as_ref(), this.trailers.as_mut()) {
-                            redact_trailers(secrets, t);
+                            crate::rewrite::redact_headers(secrets, t);
                         }
                         if let Some(rest) = this.rewriter.as_mut().map(StreamRewriter::finish) {
                             if !rest.is_empty() {

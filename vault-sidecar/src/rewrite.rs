@@ -195,6 +195,16 @@ pub(crate) fn redact_value(set: &SecretSet, value: &[u8]) -> Option<Vec<u8>> {
     out
 }
 
+/// Redact every value of a header (or trailer) map in place. A value that cannot be written
+/// redacted is not written at all (empty), never left holding the real value.
+pub(crate) fn redact_headers(set: &SecretSet, headers: &mut http::HeaderMap) {
+    for (_, value) in headers.iter_mut() {
+        if let Some(redacted) = redact_value(set, value.as_bytes()) {
+            *value = http::HeaderValue::from_bytes(&redacted).unwrap_or_else(|_| http::HeaderValue::from_static(""));
+        }
+    }
+}
+
 /// A streaming redactor for a response body (real values → stubs), if any value is redactable.
 pub fn redactor(set: &SecretSet) -> Option<StreamRewriter> {
     let (ac, _) = set.value_automaton()?;

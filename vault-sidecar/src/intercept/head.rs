@@ -148,12 +148,7 @@ pub(crate) fn bodyless(method: &Method, status: StatusCode) -> bool {
 /// with a real value (in any form the redactor knows) replaced by its stub.
 pub(crate) fn redact_response(parts: &mut response::Parts, secrets: &SecretSet) {
     strip_hop_by_hop(&mut parts.headers, false);
-    // A value that cannot be written redacted is not written at all (empty).
-    for (_, value) in parts.headers.iter_mut() {
-        if let Some(redacted) = rewrite::redact_value(secrets, value.as_bytes()) {
-            *value = HeaderValue::from_bytes(&redacted).unwrap_or_else(|_| HeaderValue::from_static(""));
-        }
-    }
+    rewrite::redact_headers(secrets, &mut parts.headers);
 }
 
 /// The codings to undo before redacting the body, with `Content-Encoding` (and, when something is
