@@ -24,7 +24,7 @@ use fake_kube::FakeKube;
 use lap_control_plane::backend::kubernetes::KubernetesBackend;
 use lap_control_plane::backend::sandbox::{PodSettings, SandboxApiVersion};
 use lap_control_plane::backend::{Placement, SandboxBackend, SandboxSpec};
-use lap_vault_sidecar::config::SecretSpec;
+use lap_vault_config::SecretSpec;
 use serde_json::json;
 
 const NS: &str = "lap-bench";

@@ -6,7 +6,7 @@ use std::collections::BTreeMap;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use lap_vault_sidecar::config::SecretSpec;
+use lap_vault_config::SecretSpec;
 use rand::RngCore;
 use tokio::sync::broadcast;
 
@@ -103,7 +103,7 @@ fn validate_agent_spec(spec: &AgentSpec, env_vars: &BTreeMap<String, String>) ->
     }
     for (field, list) in [("allow_out", &spec.allow_out), ("deny_out", &spec.deny_out)] {
         for (i, h) in list.iter().enumerate() {
-            h.parse::<lap_vault_sidecar::HostPattern>()
+            h.parse::<lap_vault_config::HostPattern>()
                 .map_err(|e| bad(format!("{field}[{i}]: {e}")))?;
         }
     }

@@ -6,7 +6,7 @@
 
 use std::collections::BTreeMap;
 
-use lap_vault_sidecar::HostPattern;
+use lap_vault_config::{HostPattern, MIN_VALUE_LEN};
 use rand::Rng;
 
 /// At most this many keys per session.
@@ -242,9 +242,18 @@ pub fn validate_hosts(field: &str, hosts: &[String]) -> Result<(), EnvVarError> 
 }
 
 /// A value the vault can send in a header, query or body: printable ASCII (space to `~`), so no
-/// CR, LF, NUL or other control byte that would break the request it is swapped into.
+/// CR, LF, NUL or other control byte that would break the request it is swapped into; and at
+/// least [`MIN_VALUE_LEN`] bytes, the shortest value the sidecar can redact from what comes back.
 pub fn check_value(field: &str, value: &str) -> Result<(), EnvVarError> {
     match value.bytes().position(|b| !(0x20..=0x7e).contains(&b)) {
+        None if value.len() < MIN_VALUE_LEN => Err(err(
+            field,
+            format!(
+                "the value is {} bytes; at least {MIN_VALUE_LEN} are required (a shorter one would match \
+                 ordinary bytes, so the vault could not redact it from responses)",
+                value.len()
+            ),
+        )),
         None => Ok(()),
         Some(i) => Err(err(
             field,
@@ -605,6 +614,18 @@ mod tests {
             assert!(e.reason.contains("printable ASCII"), "{bad:?}: {e}");
         }
         assert!(check_value("v", "sk-ant-api03 with spaces ~!").is_ok());
+    }
+
+    #[test]
+    fn values_too_short_to_redact_are_refused() {
+        let e = check_value("value", "1234567").unwrap_err();
+        assert_eq!(e.field, "value");
+        assert!(e.reason.contains("7 bytes") && e.reason.contains("at least 8"), "{e}");
+        assert!(
+            !e.reason.contains("1234567"),
+            "the error must not repeat the value: {e}"
+        );
+        assert!(check_value("value", "12345678").is_ok());
     }
 
     #[test]

@@ -3,7 +3,7 @@
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
-use lap_vault_sidecar::config::{read_config, SidecarConfig};
+use lap_vault_config::{read_config, SidecarConfig};
 
 use crate::app::{App, AppConfig};
 use crate::backend::kubernetes::KubernetesBackend;

@@ -19,7 +19,7 @@ use fake_kube::FakeKube;
 use lap_control_plane::backend::kubernetes::KubernetesBackend;
 use lap_control_plane::backend::sandbox::{PodSettings, SandboxApiVersion};
 use lap_control_plane::backend::{BackendError, Liveness, Placement, SandboxBackend, SandboxHandle, SandboxSpec};
-use lap_vault_sidecar::config::{SecretSpec, SecretsFile};
+use lap_vault_config::{SecretSpec, SecretsFile};
 use serde_json::{json, Value};
 
 const NS: &str = "lap-test";

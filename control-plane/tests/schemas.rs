@@ -15,7 +15,7 @@ use std::time::Duration;
 use lap_control_plane::backend::sandbox::{self, pool, PodSettings, SandboxApiVersion};
 use lap_control_plane::backend::{Placement, SandboxSpec};
 use lap_control_plane::model::Resources;
-use lap_vault_sidecar::config::{SecretSpec, SidecarConfig};
+use lap_vault_config::{SecretSpec, SidecarConfig};
 use serde_json::{json, Value};
 
 fn settings(api_version: SandboxApiVersion, transparent: bool) -> PodSettings {

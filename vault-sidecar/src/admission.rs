@@ -9,9 +9,9 @@
 
 use std::net::SocketAddr;
 
+use crate::config::TargetHost;
+use crate::config::{AddressPolicy, EgressDecision, EgressPolicy};
 use crate::connect::{is_self, Target};
-use crate::egress::{AddressPolicy, EgressDecision, EgressPolicy};
-use crate::hosts::TargetHost;
 use crate::refusal::BlockReason;
 
 /// What the entry point knows about where the connection goes.
@@ -56,8 +56,8 @@ pub(crate) fn admit(dest: Destination<'_>, policies: Policies<'_>) -> Result<(),
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::config::HostSet;
     use crate::connect::parse_target;
-    use crate::hosts::HostSet;
 
     fn egress(allow: &[&str], deny: &[&str]) -> EgressPolicy {
         let set = |l: &[&str]| HostSet(l.iter().map(|s| s.parse().expect(s)).collect());

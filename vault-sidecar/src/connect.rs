@@ -5,7 +5,7 @@ use std::fmt;
 use std::net::{IpAddr, SocketAddr};
 
 use crate::config::InterceptMode;
-use crate::hosts::{is_valid_dns_name, TargetHost};
+use crate::config::{is_valid_dns_name, TargetHost};
 use crate::secrets::SecretSet;
 
 /// Where a CONNECT (or absolute-form request) goes: host and port.

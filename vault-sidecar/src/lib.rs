@@ -3,15 +3,16 @@
 //!
 //! A request's life, in file order:
 //! [`listener`] (explicit proxy port: CONNECT, absolute-form) and [`transparent`] (redirected
-//! connections) → [`admission`] (the one check of every entry point: loop, egress via
-//! [`egress`]/[`hosts`]) → [`connect`] (intercept or tunnel) → [`tls`] (per-pod CA, leaves, ALPN) →
-//! [`intercept`] (one request inside the tunnel, as phases: admit → rewrite the head → request
-//! body → send → redact the head → response body → finish) → [`rewrite`] (pure stub swapping and
-//! redaction, streamed by [`body`], compressed responses decoded by [`decode`] first, WebSocket
-//! messages by [`ws`]) → [`upstream`] (pool, verification). Anything not relayed is a [`refusal`];
-//! every request ends in one `finish` that records [`metrics`] and the [`audit`] event.
-//! [`config`] is what the operator writes; [`proxy`] holds the shared state and starts
-//! everything; [`admin`] is the health/CA/metrics/audit port.
+//! connections) → [`admission`] (the one check of every entry point: loop, egress) → [`connect`]
+//! (intercept or tunnel) → [`tls`] (per-pod CA, leaves, ALPN) → [`intercept`] (one request inside
+//! the tunnel, as phases: admit → rewrite the head → request body → send → redact the head →
+//! response body → finish) → [`rewrite`] (pure stub swapping and redaction, streamed by [`body`],
+//! compressed responses decoded by [`decode`] first, WebSocket messages by [`ws`]) → [`upstream`]
+//! (pool, verification). Anything not relayed is a [`refusal`]; every request ends in one
+//! `finish` that records [`metrics`] and the [`audit`] event. [`config`] (the `lap-vault-config`
+//! crate: the file, its validation, host patterns, the egress policy) is what the operator writes;
+//! [`proxy`] holds the shared state and starts everything; [`admin`] is the health/CA/metrics/audit
+//! port.
 //!
 //! The crate's API is what the binary, the control plane, the benches and the fuzz targets use;
 //! everything else is private.
@@ -21,12 +22,9 @@ mod admin;
 mod admission;
 mod audit;
 mod body;
-pub mod config;
 mod connect;
 mod decode;
-mod egress;
 mod headers;
-mod hosts;
 mod intercept;
 mod listener;
 pub mod logwriter;
@@ -40,12 +38,15 @@ mod transparent;
 mod upstream;
 mod ws;
 
+/// The configuration types and their validation (the `lap-vault-config` crate).
+pub use lap_vault_config as config;
+pub use lap_vault_config::{AddressDenial, AddressPolicy, HostPattern, HostSet, TargetHost};
+
 pub use audit::write_lines_to as write_audit_lines_to;
 pub use connect::{is_self, parse_target, Target, TargetError};
-pub use egress::{AddressDenial, AddressPolicy};
-pub use hosts::{HostPattern, HostSet, TargetHost};
+pub use lap_vault_config::{Location, LocationSet, Secret};
 pub use proxy::{run, run_with, Inherited};
 pub use rewrite::{redactor, HostRules, Injections, StreamRewriter};
-pub use secrets::{Location, LocationSet, Secret, SecretSet};
+pub use secrets::SecretSet;
 pub use tls::{Ca, LeafCache};
 pub use transparent::{parse_hello, Hello};

@@ -14,8 +14,8 @@ use tokio::net::TcpListener;
 
 use crate::admission::{self, Destination, Policies};
 use crate::audit::AuditLog;
+use crate::config::EgressPolicy;
 use crate::config::{CaSource, ConfigError, ConfigErrors, SecretSpec, Settings};
-use crate::egress::EgressPolicy;
 use crate::intercept::context::Mode;
 use crate::metrics::Metrics;
 use crate::refusal::Refusal;
@@ -386,7 +386,7 @@ pub async fn run_with(settings: Settings, inherited: Inherited) -> Result<(), St
             .hosts
             .0
             .iter()
-            .any(|h| matches!(h, crate::hosts::HostPattern::Any))
+            .any(|h| matches!(h, crate::config::HostPattern::Any))
         {
             tracing::warn!(secret = %secret.name, "secret is bound to every host (`*`)");
         }

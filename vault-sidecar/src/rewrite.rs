@@ -15,8 +15,9 @@ use std::sync::Arc;
 
 use bytes::{Bytes, BytesMut};
 
-use crate::hosts::TargetHost;
-use crate::secrets::{Finder, Location, SecretSet};
+use crate::config::Location;
+use crate::config::TargetHost;
+use crate::secrets::{Finder, SecretSet};
 
 /// A stub of a secret that is not bound to the request's target host.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -329,8 +330,8 @@ impl StreamRewriter {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::hosts::{HostPattern, HostSet};
-    use crate::secrets::{LocationSet, Secret};
+    use crate::config::{HostPattern, HostSet};
+    use crate::config::{LocationSet, Secret};
     use aho_corasick::{AhoCorasickBuilder, MatchKind};
     use proptest::prelude::*;
 

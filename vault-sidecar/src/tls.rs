@@ -20,12 +20,13 @@ use rcgen::{
     BasicConstraints, CertificateParams, DistinguishedName, DnType, ExtendedKeyUsagePurpose, IsCa, KeyPair,
     KeyUsagePurpose, SanType, SerialNumber,
 };
+use rustls::pki_types::pem::PemObject;
 use rustls::pki_types::{CertificateDer, PrivateKeyDer, PrivatePkcs8KeyDer};
 use rustls::ServerConfig;
 use time::{Duration, OffsetDateTime};
 use tokio::sync::OnceCell;
 
-use crate::hosts::TargetHost;
+use crate::config::TargetHost;
 
 /// Leaf validity.
 pub(crate) const LEAF_VALIDITY: Duration = Duration::days(30);
@@ -118,7 +119,7 @@ impl Ca {
         let key = KeyPair::from_pem(&read(key_path)?)?;
         let params = CertificateParams::from_ca_cert_pem(&pem)?;
         let issuer = params.self_signed(&key)?;
-        let der = rustls_pemfile::certs(&mut pem.as_bytes())
+        let der = CertificateDer::pem_slice_iter(pem.as_bytes())
             .next()
             .and_then(Result::ok)
             .ok_or_else(|| TlsError::Read {

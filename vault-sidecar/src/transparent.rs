@@ -23,8 +23,8 @@ use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, ReadBuf};
 use tokio::net::{TcpListener, TcpStream};
 
 use crate::admission::Destination;
+use crate::config::{is_valid_dns_name, TargetHost};
 use crate::connect::{should_intercept, Target};
-use crate::hosts::{is_valid_dns_name, TargetHost};
 use crate::intercept::context::Mode;
 use crate::intercept::serve_tunnel;
 use crate::proxy::Proxy;

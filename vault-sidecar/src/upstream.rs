@@ -25,14 +25,15 @@ use hyper_util::client::legacy::connect::{Connected, Connection};
 use hyper_util::client::legacy::Client;
 use hyper_util::rt::{TokioExecutor, TokioIo, TokioTimer};
 use prometheus_client::metrics::counter::Counter;
+use rustls::pki_types::pem::PemObject;
 use rustls::pki_types::{CertificateDer, ServerName};
 use rustls::ClientConfig;
 use tokio::net::TcpStream;
 use tokio_rustls::client::TlsStream;
 use tokio_rustls::TlsConnector;
 
-use crate::egress::{AddressDenial, AddressPolicy};
-use crate::hosts::TargetHost;
+use crate::config::TargetHost;
+use crate::config::{AddressDenial, AddressPolicy};
 use crate::refusal::ErrorKind;
 
 /// TCP connect deadline (per address tried).
@@ -200,8 +201,9 @@ pub(crate) fn root_store(extra_files: &[PathBuf]) -> Result<rustls::RootCertStor
     }
     for path in extra_files {
         let pem = std::fs::read(path)?;
-        let certs: Vec<CertificateDer<'static>> =
-            rustls_pemfile::certs(&mut pem.as_slice()).collect::<Result<_, _>>()?;
+        let certs: Vec<CertificateDer<'static>> = CertificateDer::pem_slice_iter(&pem)
+            .collect::<Result<_, _>>()
+            .map_err(|e| io::Error::new(io::ErrorKind::InvalidData, format!("{}: {e}", path.display())))?;
         if certs.is_empty() {
             return Err(io::Error::new(
                 io::ErrorKind::InvalidData,

@@ -316,8 +316,8 @@ where
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::hosts::HostSet;
-    use crate::secrets::{Location, LocationSet, Secret};
+    use crate::config::HostSet;
+    use crate::config::{Location, LocationSet, Secret};
     use std::sync::Arc;
 
     const STUB: &str = "lap_stub_ws_0123456789abcdef";

@@ -31,7 +31,7 @@ use kube::core::{ApiResource, DynamicObject};
 use kube::runtime::watcher;
 use kube::runtime::WatchStreamExt;
 use kube::{Client, ResourceExt};
-use lap_vault_sidecar::config::{SecretSpec, SecretsFile};
+use lap_vault_config::{SecretSpec, SecretsFile};
 use rand::RngCore;
 use serde::{Deserialize, Serialize};
 

@@ -12,7 +12,7 @@ pub mod sandbox;
 use std::collections::BTreeMap;
 
 use async_trait::async_trait;
-use lap_vault_sidecar::config::SecretSpec;
+use lap_vault_config::SecretSpec;
 use serde::{Deserialize, Serialize};
 
 /// What to bring up for one session.

@@ -29,7 +29,7 @@ use k8s_openapi::apimachinery::pkg::util::intstr::IntOrString;
 use k8s_openapi::jiff::{SignedDuration, Timestamp};
 use k8s_openapi::ByteString;
 use kube::core::{ApiResource, Object};
-use lap_vault_sidecar::config::{EgressConfig, SecretsFile, SidecarConfig};
+use lap_vault_config::{EgressConfig, SecretsFile, SidecarConfig};
 use serde::{Deserialize, Serialize};
 
 use super::SandboxSpec;
@@ -675,7 +675,7 @@ pub fn owner_reference(sandbox: &Sandbox, api_version: SandboxApiVersion) -> Opt
 mod tests {
     #![allow(clippy::unwrap_used)]
     use super::*;
-    use lap_vault_sidecar::config::SecretSpec;
+    use lap_vault_config::SecretSpec;
     use std::collections::HashMap;
 
     fn spec() -> SandboxSpec {
@@ -903,7 +903,7 @@ mod tests {
         assert_eq!(text("harness_token"), "htok");
         let file: SecretsFile = serde_json::from_str(&text("secrets.json")).unwrap();
         assert_eq!(file.secrets[0].value.as_deref(), Some("sk-REAL-VALUE-123"));
-        let cfg = lap_vault_sidecar::config::parse_config(&text("sidecar.toml")).unwrap();
+        let cfg = lap_vault_config::parse_config(&text("sidecar.toml")).unwrap();
         assert_eq!(cfg.listen.as_deref(), Some("127.0.0.1:14322"));
         assert_eq!(cfg.admin_listen.as_deref(), Some("0.0.0.0:14323"));
         assert_eq!(cfg.transparent_listen.as_deref(), Some("127.0.0.1:14324"));
@@ -1065,8 +1065,8 @@ mod tests {
     /// a `[resolve]` target on loopback (an air-gapped stand-in) stays reachable.
     #[test]
     fn the_pod_vault_refuses_local_and_link_local_targets() {
-        use lap_vault_sidecar::HostSet;
-        use lap_vault_sidecar::{AddressDenial, AddressPolicy};
+        use lap_vault_config::HostSet;
+        use lap_vault_config::{AddressDenial, AddressPolicy};
         let mut base = SidecarConfig::default();
         base.resolve.insert("api.internal:443".into(), "127.0.0.1:8443".into());
         let mut st = settings();
@@ -1074,12 +1074,7 @@ mod tests {
         let cfg = vault_config(&st, &[], &[]);
         assert!(cfg.egress.deny_local);
         let toml = toml::to_string(&cfg).unwrap();
-        assert!(
-            lap_vault_sidecar::config::parse_config(&toml)
-                .unwrap()
-                .egress
-                .deny_local
-        );
+        assert!(lap_vault_config::parse_config(&toml).unwrap().egress.deny_local);
         let pod_ip: std::net::IpAddr = "10.1.2.3".parse().unwrap();
         let policy = AddressPolicy::new(
             &HostSet::default(),

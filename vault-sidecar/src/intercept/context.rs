@@ -10,12 +10,13 @@ use std::time::{Duration, Instant};
 use http::{Method, Request, Response};
 
 use crate::audit::{path_without_query_values, AuditEvent, Injected};
+use crate::config::Location;
 use crate::connect::Target;
 use crate::metrics::InjectionLabels;
 use crate::proxy::Proxy;
 use crate::refusal::Refusal;
 use crate::rewrite::Injections;
-use crate::secrets::{Location, SecretSet};
+use crate::secrets::SecretSet;
 use crate::upstream::ProxyBody;
 
 /// How a request reached its upstream: the `mode` label of `vault_requests_total`.

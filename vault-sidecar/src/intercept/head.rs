@@ -5,10 +5,10 @@
 use http::header::{self, HeaderValue};
 use http::{request, response, Method, StatusCode, Uri, Version};
 
+use crate::config::TargetHost;
 use crate::connect::Target;
 use crate::decode::{self, Coding};
 use crate::headers::strip_hop_by_hop;
-use crate::hosts::TargetHost;
 use crate::refusal::{BlockReason, ErrorKind, Refusal};
 use crate::rewrite::{self, Exfiltration, HostRules, Injections};
 use crate::secrets::SecretSet;
@@ -183,9 +183,9 @@ pub(crate) fn content_length(headers: &http::HeaderMap) -> Option<u64> {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::config::HostSet;
+    use crate::config::{Location, LocationSet, Secret};
     use crate::connect::parse_target;
-    use crate::hosts::HostSet;
-    use crate::secrets::{Location, LocationSet, Secret};
 
     const STUB: &str = "lap_stub_anthropic_0123456789";
     const REAL: &str = "sk-ant-real-value-0123456789";

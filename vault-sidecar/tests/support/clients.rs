@@ -8,6 +8,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
+use rustls::pki_types::pem::PemObject as _;
 use tokio::io::{AsyncBufRead, AsyncBufReadExt as _, AsyncReadExt as _, AsyncWriteExt as _};
 use tokio::net::TcpStream;
 
@@ -174,7 +175,7 @@ pub type ClientTls = tokio_rustls::client::TlsStream<tokio::io::BufReader<TcpStr
 pub fn client_tls_config(ca_pem_path: &Path, alpn: &[&str]) -> rustls::ClientConfig {
     let pem = std::fs::read(ca_pem_path).expect("read CA pem");
     let mut roots = rustls::RootCertStore::empty();
-    for c in rustls_pemfile::certs(&mut pem.as_slice()) {
+    for c in rustls::pki_types::CertificateDer::pem_slice_iter(&pem) {
         roots.add(c.expect("CA pem parses")).expect("add root");
     }
     assert!(!roots.is_empty(), "no certificate in {ca_pem_path:?}");

@@ -48,7 +48,7 @@ use std::time::{Duration, Instant};
 
 use async_trait::async_trait;
 use command_fds::{CommandFdExt, FdMapping};
-use lap_vault_sidecar::config::{EgressConfig, SecretsFile, SidecarConfig};
+use lap_vault_config::{EgressConfig, SecretsFile, SidecarConfig};
 use rand::RngCore;
 use serde::{Deserialize, Serialize};
 use tokio::process::{Child, Command};
@@ -1071,7 +1071,7 @@ pub fn parse_ro_paths(raw: &str) -> Result<Vec<PathBuf>, String> {
 mod tests {
     #![allow(clippy::unwrap_used)]
     use super::*;
-    use lap_vault_sidecar::config::SecretSpec;
+    use lap_vault_config::SecretSpec;
 
     fn spec() -> SandboxSpec {
         SandboxSpec {
@@ -1160,7 +1160,7 @@ mod tests {
         assert_eq!(c.intercept.as_deref(), Some("all"));
         assert!(c.secrets.is_empty(), "values go over stdin, not into the config");
         let text = toml::to_string(&c).unwrap();
-        assert_eq!(lap_vault_sidecar::config::parse_config(&text).unwrap(), c);
+        assert_eq!(lap_vault_config::parse_config(&text).unwrap(), c);
     }
 
     #[test]

@@ -313,7 +313,7 @@ mod tests {
     #![allow(clippy::unwrap_used)]
     use super::*;
     use crate::backend::Placement;
-    use lap_vault_sidecar::config::SecretSpec;
+    use lap_vault_config::SecretSpec;
     use std::time::Duration;
 
     fn settings() -> PodSettings {
@@ -413,8 +413,7 @@ mod tests {
         );
         let secret = pool_secret("codex", &settings(), "atok", "btok").unwrap();
         let data = secret.data.unwrap();
-        let cfg =
-            lap_vault_sidecar::config::parse_config(std::str::from_utf8(&data["sidecar.toml"].0).unwrap()).unwrap();
+        let cfg = lap_vault_config::parse_config(std::str::from_utf8(&data["sidecar.toml"].0).unwrap()).unwrap();
         assert_eq!(cfg.secrets_file, None, "the vault starts empty");
         assert!(cfg.egress.deny_local);
         assert!(!data.contains_key("secrets.json"));

@@ -14,7 +14,7 @@ use serde::{Deserialize, Serialize};
 
 use crate::egress::{own_interface_addresses, AddressPolicy, EgressPolicy};
 use crate::hosts::{HostPattern, HostSet};
-use crate::secrets::{Location, LocationSet, Secret};
+use crate::secret::{Location, LocationSet, Secret};
 
 /// Default explicit-proxy listen address.
 pub const DEFAULT_LISTEN: &str = "127.0.0.1:14322";
@@ -561,6 +561,11 @@ pub fn split_host_port(s: &str) -> Option<(&str, u16)> {
 /// Minimum stub length: shorter stubs would match ordinary text.
 pub const MIN_STUB_LEN: usize = 8;
 
+/// Minimum real-value length: the sidecar redacts every real value (and its encoded forms) from
+/// what it relays back; a shorter value would match ordinary bytes, so it is refused here rather
+/// than left unredacted.
+pub const MIN_VALUE_LEN: usize = 8;
+
 fn is_env_name(s: &str) -> bool {
     let mut bytes = s.bytes();
     matches!(bytes.next(), Some(b) if b.is_ascii_alphabetic() || b == b'_')
@@ -647,8 +652,15 @@ fn validate_secrets(
             }
         };
         if let Some(v) = &value {
-            if v.is_empty() {
-                problems.add(format!("{key}.value"), "the real value is empty");
+            if v.len() < MIN_VALUE_LEN {
+                problems.add(
+                    format!("{key}.value"),
+                    format!(
+                        "the real value is {} bytes; at least {MIN_VALUE_LEN} are required (a shorter one would \
+                         match ordinary bytes, so it could not be redacted from responses)",
+                        v.len()
+                    ),
+                );
             } else if v == &spec.stub {
                 problems.add(format!("{key}.stub"), "must differ from the real value");
             }
@@ -809,17 +821,47 @@ mod tests {
             [[secrets]]
             name = "A"
             stub = "stub-aaaaaaaa"
-            value = "v1"
+            value = "value-one-1"
             hosts = ["a.com"]
             [[secrets]]
             name = "A"
             stub = "stub-aaaaaaaa"
-            value = "v2"
+            value = "value-two-2"
             hosts = ["a.com"]
             "#,
         )
         .expect_err("invalid");
         assert_eq!(keys(errs), vec!["secrets[1].name", "secrets[1].stub"]);
+    }
+
+    #[test]
+    fn a_value_too_short_to_redact_is_refused() {
+        // Wire case: a 7-byte value would be swapped in but never redacted from what comes back.
+        let errs = settings(
+            r#"
+            [[secrets]]
+            name = "SHORT"
+            stub = "stub-aaaaaaaa"
+            value = "1234567"
+            hosts = ["a.com"]
+            "#,
+        )
+        .expect_err("invalid");
+        assert_eq!(errs.0.len(), 1, "{errs}");
+        assert_eq!(errs.0[0].key, "secrets[0].value");
+        assert!(errs.0[0].reason.contains("7 bytes"), "{errs}");
+        assert!(
+            !errs.to_string().contains("1234567"),
+            "the error must not repeat the value: {errs}"
+        );
+        let eight = r#"
+            [[secrets]]
+            name = "EIGHT"
+            stub = "stub-aaaaaaaa"
+            value = "12345678"
+            hosts = ["a.com"]
+            "#;
+        assert_eq!(settings(eight).expect("8 bytes is enough").secrets.len(), 1);
     }
 
     #[test]

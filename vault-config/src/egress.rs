@@ -90,13 +90,13 @@ pub struct AddressPolicy {
 }
 
 /// An IP in canonical form: an IPv4-mapped IPv6 address (`::ffff:127.0.0.1`) is its IPv4 address.
-pub(crate) fn canonical(ip: IpAddr) -> IpAddr {
+pub fn canonical(ip: IpAddr) -> IpAddr {
     ip.to_canonical()
 }
 
 /// Loopback, unspecified (`0.0.0.0`, `::`, which reach the local host) or link-local
 /// (`169.254.0.0/16`, `fe80::/10`: cloud metadata services live there).
-pub(crate) fn is_host_local(ip: IpAddr) -> bool {
+pub fn is_host_local(ip: IpAddr) -> bool {
     match canonical(ip) {
         IpAddr::V4(v4) => v4.is_loopback() || v4.is_unspecified() || v4.is_link_local(),
         IpAddr::V6(v6) => v6.is_loopback() || v6.is_unspecified() || v6.is_unicast_link_local(),
@@ -149,7 +149,7 @@ impl AddressPolicy {
 }
 
 /// This host's interface addresses (empty when they cannot be listed).
-pub(crate) fn own_interface_addresses() -> Vec<IpAddr> {
+pub fn own_interface_addresses() -> Vec<IpAddr> {
     let Ok(addrs) = nix::ifaddrs::getifaddrs() else {
         return Vec::new();
     };

@@ -149,7 +149,7 @@ impl fmt::Display for TargetHost {
 }
 
 /// Parse an IP address, accepting IPv6 in brackets.
-pub(crate) fn parse_ip(s: &str) -> Option<IpAddr> {
+pub fn parse_ip(s: &str) -> Option<IpAddr> {
     let inner = s.strip_prefix('[').and_then(|r| r.strip_suffix(']')).unwrap_or(s);
     inner.parse().ok()
 }
@@ -196,7 +196,7 @@ fn normalize_name(s: &str) -> String {
 
 /// A DNS name as accepted in patterns and CONNECT targets: labels of letters, digits, `-` and `_`,
 /// 1–63 bytes each, 253 bytes in all (RFC 1035 §2.3.4, with `_` tolerated as real services use it).
-pub(crate) fn is_valid_dns_name(name: &str) -> bool {
+pub fn is_valid_dns_name(name: &str) -> bool {
     !name.is_empty()
         && name.len() <= 253
         && name.split('.').all(|label| {
