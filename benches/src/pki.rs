@@ -5,6 +5,7 @@ use std::net::{IpAddr, Ipv4Addr, Ipv6Addr};
 use rcgen::{
     BasicConstraints, CertificateParams, DnType, ExtendedKeyUsagePurpose, IsCa, KeyPair, KeyUsagePurpose, SanType,
 };
+use rustls::pki_types::pem::PemObject;
 use rustls::pki_types::{CertificateDer, PrivateKeyDer, PrivatePkcs8KeyDer};
 
 /// PEM and DER forms of the upstream's CA and leaf.
@@ -65,7 +66,7 @@ impl UpstreamPki {
 /// A rustls client config trusting only the given PEM roots, offering `alpn`.
 pub fn client_config(roots_pem: &str, alpn: &[&[u8]]) -> Result<rustls::ClientConfig, String> {
     let mut roots = rustls::RootCertStore::empty();
-    for cert in rustls_pemfile::certs(&mut roots_pem.as_bytes()) {
+    for cert in CertificateDer::pem_slice_iter(roots_pem.as_bytes()) {
         let cert = cert.map_err(|e| format!("root PEM: {e}"))?;
         roots.add(cert).map_err(|e| format!("root: {e}"))?;
     }

@@ -4,11 +4,19 @@
 //! return, error, panic unwinding.
 
 use std::io::Write;
+use std::sync::{Arc, OnceLock};
 use std::time::Duration;
 
 use futures_util::{SinkExt, StreamExt};
 use tokio::io::AsyncWriteExt;
+use tokio::net::TcpStream;
+use tokio_rustls::client::TlsStream;
+use tokio_rustls::rustls;
+use tokio_tungstenite::tungstenite::error::UrlError;
+use tokio_tungstenite::tungstenite::handshake::client::{Request, Response};
 use tokio_tungstenite::tungstenite::{self, client::IntoClientRequest, Message};
+use tokio_tungstenite::WebSocketStream;
+use tokio_util::either::Either;
 
 /// Ctrl-D: detach.
 pub(crate) const DETACH: u8 = 0x04;
@@ -114,6 +122,50 @@ fn starting_line(elapsed: Duration) -> String {
     )
 }
 
+/// The TLS client of `wss://` attaches: the Mozilla roots of `webpki-roots`, as the CLI's HTTP
+/// client (reqwest's `rustls-tls`) trusts.
+fn tls_connector() -> Result<tokio_rustls::TlsConnector, rustls::Error> {
+    static CONFIG: OnceLock<Arc<rustls::ClientConfig>> = OnceLock::new();
+    if let Some(config) = CONFIG.get() {
+        return Ok(tokio_rustls::TlsConnector::from(config.clone()));
+    }
+    let roots = rustls::RootCertStore::from_iter(webpki_roots::TLS_SERVER_ROOTS.iter().cloned());
+    let config = rustls::ClientConfig::builder_with_provider(rustls::crypto::ring::default_provider().into())
+        .with_safe_default_protocol_versions()?
+        .with_root_certificates(roots)
+        .with_no_client_auth();
+    Ok(tokio_rustls::TlsConnector::from(
+        CONFIG.get_or_init(|| Arc::new(config)).clone(),
+    ))
+}
+
+/// Open the WebSocket of `req` (`ws://` or `wss://`, RFC 6455 §4.1).
+async fn connect(
+    req: Request,
+) -> Result<(WebSocketStream<Either<TcpStream, TlsStream<TcpStream>>>, Response), tungstenite::Error> {
+    let uri = req.uri();
+    let tls = match uri.scheme_str() {
+        Some("wss") => true,
+        Some("ws") => false,
+        _ => return Err(tungstenite::Error::Url(UrlError::UnsupportedUrlScheme)),
+    };
+    let host = uri
+        .host()
+        .map(|h| h.trim_start_matches('[').trim_end_matches(']').to_owned())
+        .ok_or(tungstenite::Error::Url(UrlError::NoHostName))?;
+    let port = uri.port_u16().unwrap_or(if tls { 443 } else { 80 });
+    let tcp = TcpStream::connect((host.as_str(), port)).await?;
+    let stream = if tls {
+        let name =
+            rustls::pki_types::ServerName::try_from(host).map_err(|_| tungstenite::Error::Url(UrlError::NoHostName))?;
+        let connector = tls_connector().map_err(|e| tungstenite::Error::Io(std::io::Error::other(e)))?;
+        Either::Right(connector.connect(name, tcp).await?)
+    } else {
+        Either::Left(tcp)
+    };
+    tokio_tungstenite::client_async(req, stream).await
+}
+
 /// Attach to `url` with `token` (the session's `tty_token`) until detach, exit or close.
 pub(crate) async fn attach(url_base: &str, tty_path: &str, token: &str) -> Result<End, AttachError> {
     let size = term_size();
@@ -124,7 +176,7 @@ pub(crate) async fn attach(url_base: &str, tty_path: &str, token: &str) -> Resul
         .parse()
         .map_err(|_| AttachError::Connect("the tty token is not a header value".into()))?;
     req.headers_mut().insert("authorization", auth);
-    let (ws, _) = tokio_tungstenite::connect_async(req).await.map_err(|e| match e {
+    let (ws, _) = connect(req).await.map_err(|e| match e {
         tungstenite::Error::Http(r) => {
             let msg = r
                 .body()
