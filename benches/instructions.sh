@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Instructions per request through the sidecar, counted by callgrind: a measure that doesn't move with the
-# machine's load (README, Performance). The sidecar runs under valgrind while `compare` sends sequential
+# machine's load (docs/performance.md). The sidecar runs under valgrind while `compare` sends sequential
 # keep-alive requests of one protocol; callgrind's counters are zeroed, then dumped 20 s later, and the
 # total is divided by the change in the sidecar's requests_total over the same window.
 # Usage: bash benches/instructions.sh [h1|h2] [sidecar binary]   (default: h1, target/release/vault-sidecar)

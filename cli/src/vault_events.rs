@@ -36,7 +36,7 @@ pub(crate) fn summary(d: &Value) -> String {
 }
 
 /// What went wrong with one request, if anything: the sidecar's `error` or `blocked` kind
-/// (README, "Sidecar configuration", Errors) in words.
+/// (docs/sidecar.md, "What it does on the wire", Errors) in words.
 pub(crate) fn problem(d: &Value) -> Option<String> {
     let host = s(d, "host");
     let port = d["port"].as_u64().unwrap_or(443);

@@ -22,7 +22,7 @@ pub const DEFAULT_LISTEN: &str = "127.0.0.1:14322";
 pub const DEFAULT_ADMIN_LISTEN: &str = "127.0.0.1:14323";
 /// Default `worker_threads`: one thread serves every connection. A sidecar serves one session; on
 /// one thread a request's client side and upstream side never wait for a wake-up across threads
-/// (README, Performance: CPU per request, one worker vs two).
+/// (docs/performance.md, "Profiling: what changed": CPU per request, one worker vs two).
 pub const DEFAULT_WORKER_THREADS: usize = 1;
 /// Largest `worker_threads` accepted.
 pub const MAX_WORKER_THREADS: usize = 256;

@@ -24,11 +24,11 @@ static GLOBAL: tikv_jemallocator::Jemalloc = tikv_jemallocator::Jemalloc;
         upstream_ca_files, intercept, worker_threads, secrets_file, secrets_stdin, ready_file,\n  \
         [resolve] \"host:port\" = \"ip:port\", [egress] allow/deny/deny_local,\n  \
         [[secrets]] name, stub, value | value_env | value_file, hosts, locations.\n\
-        Each is described in README.md, section \"Sidecar configuration\", of the LAP repository; \
+        Each is described in docs/sidecar.md, section \"Sidecar configuration\", of the LAP repository; \
         `vault-sidecar --config FILE check` validates a file."
 )]
 struct Cli {
-    /// Config file (TOML; its keys are listed below and in README.md, "Sidecar configuration").
+    /// Config file (TOML; its keys are listed below and in docs/sidecar.md, "Sidecar configuration").
     #[arg(long, env = "VAULT_CONFIG", global = true)]
     config: Option<PathBuf>,
     #[command(subcommand)]

@@ -121,7 +121,7 @@ impl fmt::Debug for SecretSet {
 /// Two searchers with the same matches: the packed SIMD searcher (Teddy) where the CPU and the
 /// pattern set allow it, else a full DFA. On bodies that hold no pattern, the common case, Teddy
 /// needs about a tenth of the DFA's instructions per byte (`examples/scan_cost.rs` under
-/// callgrind: README, Performance).
+/// callgrind: docs/performance.md).
 #[derive(Clone, Debug)]
 pub struct Finder {
     dfa: AhoCorasick,

@@ -57,7 +57,7 @@ Environment:
   LAP_LOG / RUST_LOG   log filter (default info); logs are JSON on stdout
 
 A start-up failure prints `lap-harness: fatal: <reason>` and exits 3.
-See README.md (Bring-up phases, Harness images) in the LAP repository.
+See docs/agents.md (Bring-up phases, Harness images) in the LAP repository.
 ";
 
 /// `--help`/`-h` and `--version`/`-V`, answered before anything reads the environment.
