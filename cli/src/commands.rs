@@ -12,9 +12,10 @@ use serde_json::{json, Value};
 use crate::agent_spec::{self, AgentFlags, Edit};
 use crate::client::{Client, ClientError};
 use crate::config::{self, Saved};
-use crate::stream::{agent_text, SseParser};
+use crate::stream::agent_text;
 use crate::terminal::{self, End};
 use crate::{harness_keys, resolve, vault_events, when, RunArgs};
+use lap_sse::SseReader;
 
 const SPINNER: [&str; 10] = ["⠋", "⠙", "⠹", "⠸", "⠼", "⠴", "⠦", "⠧", "⠇", "⠏"];
 /// How long a session may stay `creating` before `lap` gives up waiting (the server has its
@@ -331,7 +332,7 @@ async fn wait_ready(c: &Client, id: &str) -> Result<Value> {
     let mut shown: Option<String> = None;
     let mut frame = 0usize;
     let mut events = c.events(id).await?.bytes_stream();
-    let mut parser = SseParser::default();
+    let mut parser = SseReader::default();
     let mut tick = tokio::time::interval(Duration::from_millis(120));
     let mut last: Option<Value> = None;
     loop {
@@ -361,7 +362,7 @@ async fn wait_ready(c: &Client, id: &str) -> Result<Value> {
                     last = Some(c.session(id).await?);
                     tokio::time::sleep(Duration::from_millis(500)).await;
                     events = c.events(id).await?.bytes_stream();
-                    parser = SseParser::default();
+                    parser = SseReader::default();
                 }
             },
             _ = tick.tick() => {
@@ -504,7 +505,7 @@ pub(crate) async fn send(session: &str, text: &str) -> Result<ExitCode> {
     let mut body = resp.bytes_stream();
     let mut vault_poll = tokio::time::interval(Duration::from_secs(2));
     vault_poll.tick().await;
-    let mut parser = SseParser::default();
+    let mut parser = SseReader::default();
     let mut shown: Vec<String> = Vec::new();
     let mut out = std::io::stdout();
     let tty = std::io::stderr().is_terminal();
@@ -706,7 +707,7 @@ pub(crate) async fn logs(session: &str, follow: bool, quiet_for: u64, json: bool
     let s = find_session(&c, session).await?;
     let id = str_of(&s, "id").to_owned();
     let mut events = c.events(&id).await?.bytes_stream();
-    let mut parser = SseParser::default();
+    let mut parser = SseReader::default();
     let quiet = Duration::from_secs(quiet_for);
     loop {
         let next = if follow {

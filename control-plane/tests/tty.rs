@@ -362,27 +362,11 @@ os.rename(port_file + ".tmp", port_file)
 srv.serve_forever()
 "#;
 
-/// A test CA and a leaf for `host`, as PEM files in `dir`: (ca, cert, key).
+/// A test CA and a leaf for `host`, as PEM files in `dir`: (ca, cert chain, key).
 fn test_pki(dir: &std::path::Path, host: &str) -> (std::path::PathBuf, std::path::PathBuf, std::path::PathBuf) {
-    use rcgen::{BasicConstraints, CertificateParams, DnType, ExtendedKeyUsagePurpose, IsCa, KeyPair, KeyUsagePurpose};
-    let ca_key = KeyPair::generate().unwrap();
-    let mut ca_params = CertificateParams::new(Vec::<String>::new()).unwrap();
-    ca_params.distinguished_name.push(DnType::CommonName, "LAP git test CA");
-    ca_params.is_ca = IsCa::Ca(BasicConstraints::Unconstrained);
-    ca_params.key_usages = vec![KeyUsagePurpose::KeyCertSign, KeyUsagePurpose::CrlSign];
-    let ca = ca_params.self_signed(&ca_key).unwrap();
-    let leaf_key = KeyPair::generate().unwrap();
-    let mut leaf_params = CertificateParams::new(vec![host.to_owned()]).unwrap();
-    leaf_params.distinguished_name.push(DnType::CommonName, host);
-    leaf_params.extended_key_usages = vec![ExtendedKeyUsagePurpose::ServerAuth];
-    leaf_params.key_usages = vec![KeyUsagePurpose::DigitalSignature];
-    leaf_params.use_authority_key_identifier_extension = true;
-    let leaf = leaf_params.signed_by(&leaf_key, &ca, &ca_key).unwrap();
-    let paths = (dir.join("ca.pem"), dir.join("leaf.pem"), dir.join("leaf.key"));
-    std::fs::write(&paths.0, ca.pem()).unwrap();
-    std::fs::write(&paths.1, format!("{}{}", leaf.pem(), ca.pem())).unwrap();
-    std::fs::write(&paths.2, leaf_key.serialize_pem()).unwrap();
-    paths
+    let pki = lap_test_support::TestPki::new("LAP git test CA", &[host]);
+    pki.write_leaf(dir, "leaf.pem", "leaf.key");
+    (pki.write_ca(dir, "ca.pem"), dir.join("leaf.pem"), dir.join("leaf.key"))
 }
 
 /// `cloning_repo` through the vault: the harness holds a `GIT_TOKEN` stub, git offers it as

@@ -917,7 +917,11 @@ hosts = ["api.anthropic.com"]
     assert!(!text.contains("real-x"), "never prints a value: {text}");
 
     // Missing required `hosts`.
-    std::fs::write(&bad, "[[secrets]]\nname = \"K\"\nstub = \"lapstub-k\"\nvalue = \"v\"\n").expect("write");
+    std::fs::write(
+        &bad,
+        "[[secrets]]\nname = \"K\"\nstub = \"lapstub-k\"\nvalue = \"value-of-k\"\n",
+    )
+    .expect("write");
     let out = run_sidecar_cmd(&["check", "--config", &bad.to_string_lossy()]).await;
     let text = format!(
         "{}{}",
@@ -935,7 +939,7 @@ hosts = ["api.anthropic.com"]
     let good = dir.path().join("good.toml");
     std::fs::write(
         &good,
-        "listen = \"127.0.0.1:14322\"\n[[secrets]]\nname = \"K\"\nstub = \"lapstub-k\"\nvalue = \"v\"\nhosts = [\"api.anthropic.com\"]\n",
+        "listen = \"127.0.0.1:14322\"\n[[secrets]]\nname = \"K\"\nstub = \"lapstub-k\"\nvalue = \"value-of-k\"\nhosts = [\"api.anthropic.com\"]\n",
     )
     .expect("write");
     let out = run_sidecar_cmd(&["check", "--config", &good.to_string_lossy()]).await;

@@ -9,27 +9,15 @@
 use std::path::{Path, PathBuf};
 use std::process::Command;
 
-use rcgen::{BasicConstraints, CertificateParams, DnType, ExtendedKeyUsagePurpose, IsCa, KeyPair, KeyUsagePurpose};
+use lap_test_support::TestPki;
 
 const STUB: &str = "sk-ant-api03-lapstub-transparent-0001";
 const REAL: &str = "sk-ant-api03-REAL-transparent-9999";
 
 fn write_upstream_pki(dir: &Path) {
-    let ca_key = KeyPair::generate().expect("ca key");
-    let mut ca_params = CertificateParams::default();
-    ca_params
-        .distinguished_name
-        .push(DnType::CommonName, "transparent test upstream CA");
-    ca_params.is_ca = IsCa::Ca(BasicConstraints::Unconstrained);
-    ca_params.key_usages = vec![KeyUsagePurpose::KeyCertSign, KeyUsagePurpose::CrlSign];
-    let ca = ca_params.self_signed(&ca_key).expect("ca");
-    let key = KeyPair::generate().expect("leaf key");
-    let mut params = CertificateParams::new(vec!["api.anthropic.com".to_owned()]).expect("params");
-    params.extended_key_usages = vec![ExtendedKeyUsagePurpose::ServerAuth];
-    let leaf = params.signed_by(&key, &ca, &ca_key).expect("leaf");
-    std::fs::write(dir.join("upca.pem"), ca.pem()).expect("write");
-    std::fs::write(dir.join("up.pem"), leaf.pem()).expect("write");
-    std::fs::write(dir.join("up.key"), key.serialize_pem()).expect("write");
+    let pki = TestPki::new("transparent test upstream CA", &["api.anthropic.com"]);
+    pki.write_ca(dir, "upca.pem");
+    pki.write_leaf(dir, "up.pem", "up.key");
 }
 
 fn have(tool: &str) -> bool {

@@ -3,8 +3,8 @@
 //! `x-api-key` or `Authorization: Bearer` carries the REAL key; anything else gets the API's 401
 //! shape. What it answers is scripted ([`super::model_script`]): a plain reply, or one tool call
 //! (`LAP-RUN:`, `LAP-WRITE:` in the prompt) and then text quoting the tool's result. Every
-//! authorised request body is kept in [`StandIn::requests`]. Certificates come from a test CA
-//! made with rcgen.
+//! authorised request body is kept in [`StandIn::requests`]. Certificates come from
+//! `lap_test_support::TestPki`.
 
 use std::convert::Infallible;
 use std::path::PathBuf;
@@ -15,8 +15,7 @@ use bytes::Bytes;
 use http_body_util::{BodyExt, Full};
 use hyper::body::Incoming;
 use hyper::{Request, Response};
-use hyper_util::rt::{TokioExecutor, TokioIo};
-use rustls::pki_types::{CertificateDer, PrivateKeyDer, PrivatePkcs8KeyDer};
+use lap_test_support::{serve_https, Server, TestPki};
 
 use super::model_script;
 
@@ -33,35 +32,7 @@ pub struct StandIn {
     pub rejected: Arc<AtomicUsize>,
     pub requests: Requests,
     _dir: tempfile::TempDir,
-    task: tokio::task::JoinHandle<()>,
-}
-
-impl Drop for StandIn {
-    fn drop(&mut self) {
-        self.task.abort();
-    }
-}
-
-fn pki() -> (String, Vec<CertificateDer<'static>>, PrivateKeyDer<'static>) {
-    use rcgen::{BasicConstraints, CertificateParams, DnType, ExtendedKeyUsagePurpose, IsCa, KeyPair, KeyUsagePurpose};
-    let ca_key = KeyPair::generate().unwrap();
-    let mut ca_params = CertificateParams::new(Vec::<String>::new()).unwrap();
-    ca_params.distinguished_name.push(DnType::CommonName, "LAP e2e test CA");
-    ca_params.is_ca = IsCa::Ca(BasicConstraints::Unconstrained);
-    ca_params.key_usages = vec![KeyUsagePurpose::KeyCertSign, KeyUsagePurpose::CrlSign];
-    let ca = ca_params.self_signed(&ca_key).unwrap();
-    let leaf_key = KeyPair::generate().unwrap();
-    let mut leaf_params =
-        CertificateParams::new(vec!["api.anthropic.com".to_owned(), "api.openai.com".to_owned()]).unwrap();
-    leaf_params
-        .distinguished_name
-        .push(DnType::CommonName, "api.anthropic.com");
-    leaf_params.extended_key_usages = vec![ExtendedKeyUsagePurpose::ServerAuth];
-    leaf_params.key_usages = vec![KeyUsagePurpose::DigitalSignature];
-    leaf_params.use_authority_key_identifier_extension = true;
-    let leaf = leaf_params.signed_by(&leaf_key, &ca, &ca_key).unwrap();
-    let key = PrivateKeyDer::Pkcs8(PrivatePkcs8KeyDer::from(leaf_key.serialize_der()));
-    (ca.pem(), vec![leaf.der().clone(), ca.der().clone()], key)
+    _server: Server,
 }
 
 async fn handle(
@@ -191,20 +162,8 @@ fn openai(
 impl StandIn {
     pub async fn start(real_key: &str) -> StandIn {
         let dir = tempfile::tempdir().unwrap();
-        let (ca_pem, chain, key) = pki();
-        let ca_path = dir.path().join("test-ca.pem");
-        std::fs::write(&ca_path, ca_pem).unwrap();
-        let provider = Arc::new(rustls::crypto::ring::default_provider());
-        let mut cfg = rustls::ServerConfig::builder_with_provider(provider)
-            .with_safe_default_protocol_versions()
-            .unwrap()
-            .with_no_client_auth()
-            .with_single_cert(chain, key)
-            .unwrap();
-        cfg.alpn_protocols = vec![b"h2".to_vec(), b"http/1.1".to_vec()];
-        let acceptor = tokio_rustls::TlsAcceptor::from(Arc::new(cfg));
-        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
-        let port = listener.local_addr().unwrap().port();
+        let pki = TestPki::new("LAP e2e test CA", &["api.anthropic.com", "api.openai.com"]);
+        let ca_path = pki.write_ca(dir.path(), "test-ca.pem");
         let authorized = Arc::new(AtomicUsize::new(0));
         let rejected = Arc::new(AtomicUsize::new(0));
         let requests: Requests = Arc::default();
@@ -214,24 +173,11 @@ impl StandIn {
             Arc::new(real_key.to_owned()),
             requests.clone(),
         );
-        let task = tokio::spawn(async move {
-            loop {
-                let Ok((tcp, _)) = listener.accept().await else {
-                    continue;
-                };
-                let (acceptor, ok, bad, real, reqs) =
-                    (acceptor.clone(), ok.clone(), bad.clone(), real.clone(), reqs.clone());
-                tokio::spawn(async move {
-                    let Ok(tls) = acceptor.accept(tcp).await else { return };
-                    let svc = hyper::service::service_fn(move |req| {
-                        handle(req, real.clone(), ok.clone(), bad.clone(), reqs.clone())
-                    });
-                    let _ = hyper_util::server::conn::auto::Builder::new(TokioExecutor::new())
-                        .serve_connection(TokioIo::new(tls), svc)
-                        .await;
-                });
-            }
-        });
+        let server = serve_https(pki.server_config(&[b"h2", b"http/1.1"]), move |req| {
+            handle(req, real.clone(), ok.clone(), bad.clone(), reqs.clone())
+        })
+        .await;
+        let port = server.addr.port();
         StandIn {
             port,
             ca_path,
@@ -239,7 +185,7 @@ impl StandIn {
             rejected,
             requests,
             _dir: dir,
-            task,
+            _server: server,
         }
     }
 }

@@ -14,7 +14,7 @@
 
 use std::convert::Infallible;
 use std::io;
-use std::net::{IpAddr, Ipv4Addr, SocketAddr};
+use std::net::SocketAddr;
 use std::path::PathBuf;
 use std::sync::{Arc, Mutex};
 
@@ -25,10 +25,8 @@ use http_body_util::{BodyExt as _, Empty, Full, StreamBody};
 use hyper::body::{Frame, Incoming};
 use hyper::{Request, Response, StatusCode};
 use hyper_util::rt::{TokioExecutor, TokioIo};
-use rustls::pki_types::{CertificateDer, PrivateKeyDer, PrivatePkcs8KeyDer};
+use lap_test_support::{serve_tls, Server, TestPki};
 use serde_json::{json, Value};
-use tokio::net::TcpListener;
-use tokio::task::JoinHandle;
 
 type Body = UnsyncBoxBody<Bytes, io::Error>;
 
@@ -92,66 +90,15 @@ pub(crate) struct StandIn {
     pub(crate) ca_pem_path: PathBuf,
     _dir: tempfile::TempDir,
     ctx: Arc<Ctx>,
-    task: JoinHandle<()>,
-}
-
-impl Drop for StandIn {
-    fn drop(&mut self) {
-        self.task.abort();
-    }
-}
-
-fn pki() -> (String, Vec<CertificateDer<'static>>, PrivateKeyDer<'static>) {
-    use rcgen::{
-        BasicConstraints, CertificateParams, DnType, ExtendedKeyUsagePurpose, IsCa, KeyPair, KeyUsagePurpose, SanType,
-    };
-    let ca_key = KeyPair::generate().expect("ca key");
-    let mut ca_params = CertificateParams::new(Vec::<String>::new()).expect("ca params");
-    ca_params
-        .distinguished_name
-        .push(DnType::CommonName, "LAP Test Model API CA");
-    ca_params.is_ca = IsCa::Ca(BasicConstraints::Unconstrained);
-    ca_params.key_usages = vec![
-        KeyUsagePurpose::KeyCertSign,
-        KeyUsagePurpose::CrlSign,
-        KeyUsagePurpose::DigitalSignature,
-    ];
-    let ca = ca_params.self_signed(&ca_key).expect("ca self-signed");
-    let leaf_key = KeyPair::generate().expect("leaf key");
-    let mut leaf_params =
-        CertificateParams::new(vec![ANTHROPIC_HOST.to_string(), OPENAI_HOST.to_string()]).expect("leaf params");
-    leaf_params
-        .subject_alt_names
-        .push(SanType::IpAddress(IpAddr::V4(Ipv4Addr::LOCALHOST)));
-    leaf_params
-        .distinguished_name
-        .push(DnType::CommonName, "lap model api stand-in");
-    leaf_params.extended_key_usages = vec![ExtendedKeyUsagePurpose::ServerAuth];
-    leaf_params.key_usages = vec![KeyUsagePurpose::DigitalSignature];
-    leaf_params.use_authority_key_identifier_extension = true;
-    let leaf = leaf_params.signed_by(&leaf_key, &ca, &ca_key).expect("leaf signed");
-    let key = PrivateKeyDer::Pkcs8(PrivatePkcs8KeyDer::from(leaf_key.serialize_der()));
-    (ca.pem(), vec![leaf.der().clone(), ca.der().clone()], key)
+    _server: Server,
 }
 
 impl StandIn {
     /// Starts the stand-in; `anthropic_key` / `openai_key` are the only credentials it accepts.
     pub(crate) async fn start(anthropic_key: &str, openai_key: &str, websocket: bool) -> StandIn {
         let dir = tempfile::tempdir().expect("stand-in tempdir");
-        let (ca_pem, chain, key) = pki();
-        let ca_pem_path = dir.path().join("standin-ca.pem");
-        std::fs::write(&ca_pem_path, ca_pem).expect("write stand-in ca");
-        let provider = Arc::new(rustls::crypto::ring::default_provider());
-        let mut cfg = rustls::ServerConfig::builder_with_provider(provider)
-            .with_safe_default_protocol_versions()
-            .expect("tls versions")
-            .with_no_client_auth()
-            .with_single_cert(chain, key)
-            .expect("server cert");
-        cfg.alpn_protocols = vec![b"h2".to_vec(), b"http/1.1".to_vec()];
-        let acceptor = tokio_rustls::TlsAcceptor::from(Arc::new(cfg));
-        let listener = TcpListener::bind("127.0.0.1:0").await.expect("bind stand-in");
-        let addr = listener.local_addr().expect("stand-in addr");
+        let pki = TestPki::new("LAP Test Model API CA", &[ANTHROPIC_HOST, OPENAI_HOST, "127.0.0.1"]);
+        let ca_pem_path = pki.write_ca(dir.path(), "standin-ca.pem");
         let ctx = Arc::new(Ctx {
             log: Mutex::new(Vec::new()),
             anthropic_key: anthropic_key.to_string(),
@@ -159,47 +106,35 @@ impl StandIn {
             websocket,
         });
         let task_ctx = ctx.clone();
-        let task = tokio::spawn(async move {
-            loop {
-                let Ok((tcp, _)) = listener.accept().await else {
-                    continue;
-                };
-                let _ = tcp.set_nodelay(true);
-                let acceptor = acceptor.clone();
-                let ctx = task_ctx.clone();
-                tokio::spawn(async move {
-                    let tls = match acceptor.accept(tcp).await {
-                        Ok(t) => t,
-                        Err(e) => {
-                            eprintln!("stand-in: TLS accept failed: {e}");
-                            return;
-                        }
-                    };
-                    let h2 = tls.get_ref().1.alpn_protocol() == Some(b"h2");
-                    let svc = hyper::service::service_fn(move |req: Request<Incoming>| {
-                        let ctx = ctx.clone();
-                        async move { Ok::<_, Infallible>(route(req, ctx).await) }
-                    });
-                    let io = TokioIo::new(tls);
-                    if h2 {
-                        let _ = hyper::server::conn::http2::Builder::new(TokioExecutor::new())
-                            .serve_connection(io, svc)
-                            .await;
-                    } else {
-                        let _ = hyper::server::conn::http1::Builder::new()
-                            .serve_connection(io, svc)
-                            .with_upgrades()
-                            .await;
-                    }
+        let server = serve_tls(pki.server_config(&[b"h2", b"http/1.1"]), move |tls| {
+            let ctx = task_ctx.clone();
+            async move {
+                let h2 = tls.get_ref().1.alpn_protocol() == Some(b"h2");
+                let svc = hyper::service::service_fn(move |req: Request<Incoming>| {
+                    let ctx = ctx.clone();
+                    async move { Ok::<_, Infallible>(route(req, ctx).await) }
                 });
+                let io = TokioIo::new(tls);
+                if h2 {
+                    let _ = hyper::server::conn::http2::Builder::new(TokioExecutor::new())
+                        .serve_connection(io, svc)
+                        .await;
+                } else {
+                    let _ = hyper::server::conn::http1::Builder::new()
+                        .serve_connection(io, svc)
+                        .with_upgrades()
+                        .await;
+                }
             }
-        });
+        })
+        .await;
+        let addr = server.addr;
         StandIn {
             addr,
             ca_pem_path,
             _dir: dir,
             ctx,
-            task,
+            _server: server,
         }
     }
 

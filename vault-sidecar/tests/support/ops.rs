@@ -12,7 +12,7 @@
 use std::convert::Infallible;
 use std::future::Future;
 use std::io;
-use std::net::{IpAddr, Ipv4Addr, SocketAddr};
+use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
@@ -25,13 +25,11 @@ use http_body_util::{BodyExt as _, Full, StreamBody};
 use hyper::body::{Frame, Incoming};
 use hyper::{Request, Response};
 use hyper_util::rt::{TokioExecutor, TokioIo};
-use rustls::pki_types::{CertificateDer, PrivateKeyDer, PrivatePkcs8KeyDer};
-use tokio::net::TcpListener;
+use lap_test_support::{serve_tls, Server, TestPki};
 use tokio::sync::Notify;
-use tokio::task::JoinHandle;
 
 use super::{
-    free_port_pair, raw_get, Curl, SecretSpec, SidecarConfig, ANTHROPIC_REAL, ANTHROPIC_STUB, GITHUB_REAL, GITHUB_STUB,
+    await_ready_file, Curl, SecretSpec, SidecarConfig, ANTHROPIC_REAL, ANTHROPIC_STUB, GITHUB_REAL, GITHUB_STUB,
     SIDECAR_BIN,
 };
 
@@ -151,38 +149,7 @@ pub struct Scripted {
     pub state: Arc<ScriptState>,
     gzip: Bytes,
     _dir: tempfile::TempDir,
-    task: JoinHandle<()>,
-}
-
-impl Drop for Scripted {
-    fn drop(&mut self) {
-        self.task.abort();
-    }
-}
-
-fn pki() -> (String, Vec<CertificateDer<'static>>, PrivateKeyDer<'static>) {
-    use rcgen::{
-        BasicConstraints, CertificateParams, DnType, ExtendedKeyUsagePurpose, IsCa, KeyPair, KeyUsagePurpose, SanType,
-    };
-    let ca_key = KeyPair::generate().expect("ca key");
-    let mut ca_params = CertificateParams::new(Vec::<String>::new()).expect("ca params");
-    ca_params
-        .distinguished_name
-        .push(DnType::CommonName, "LAP Scripted Upstream CA");
-    ca_params.is_ca = IsCa::Ca(BasicConstraints::Unconstrained);
-    ca_params.key_usages = vec![KeyUsagePurpose::KeyCertSign, KeyUsagePurpose::CrlSign];
-    let ca = ca_params.self_signed(&ca_key).expect("ca");
-    let leaf_key = KeyPair::generate().expect("leaf key");
-    let mut p =
-        CertificateParams::new(SCRIPTED_HOSTS.iter().map(|h| h.to_string()).collect::<Vec<_>>()).expect("leaf params");
-    p.subject_alt_names
-        .push(SanType::IpAddress(IpAddr::V4(Ipv4Addr::LOCALHOST)));
-    p.extended_key_usages = vec![ExtendedKeyUsagePurpose::ServerAuth];
-    p.key_usages = vec![KeyUsagePurpose::DigitalSignature];
-    p.use_authority_key_identifier_extension = true;
-    let leaf = p.signed_by(&leaf_key, &ca, &ca_key).expect("leaf");
-    let key = PrivateKeyDer::Pkcs8(PrivatePkcs8KeyDer::from(leaf_key.serialize_der()));
-    (ca.pem(), vec![leaf.der().clone(), ca.der().clone()], key)
+    _server: Server,
 }
 
 /// What `/encoded-real` serves (before encoding): JSON lines that hold `real`.
@@ -248,62 +215,45 @@ impl Scripted {
     /// Starts the upstream; `real` is the value `/sse-split` and `/gzip-real` carry.
     pub async fn start(real: &str) -> Scripted {
         let dir = tempfile::tempdir().expect("tempdir");
-        let (ca_pem, chain, key) = pki();
-        let ca_pem_path = dir.path().join("scripted-ca.pem");
-        std::fs::write(&ca_pem_path, ca_pem).expect("write ca");
-        let provider = Arc::new(rustls::crypto::ring::default_provider());
-        let mut cfg = rustls::ServerConfig::builder_with_provider(provider)
-            .with_safe_default_protocol_versions()
-            .expect("versions")
-            .with_no_client_auth()
-            .with_single_cert(chain, key)
-            .expect("cert");
-        cfg.alpn_protocols = vec![b"h2".to_vec(), b"http/1.1".to_vec()];
-        let acceptor = tokio_rustls::TlsAcceptor::from(Arc::new(cfg));
-        let listener = TcpListener::bind("127.0.0.1:0").await.expect("bind");
-        let addr = listener.local_addr().expect("addr");
+        let mut names = SCRIPTED_HOSTS.to_vec();
+        names.push("127.0.0.1");
+        let pki = TestPki::new("LAP Scripted Upstream CA", &names);
+        let ca_pem_path = pki.write_ca(dir.path(), "scripted-ca.pem");
         let state = Arc::new(ScriptState::default());
         let gzip = stored_gzip(format!("{{\"key\":\"{real}\"}}\n").repeat(50).as_bytes());
         let real: Arc<str> = Arc::from(real);
         let st = state.clone();
         let gz = gzip.clone();
-        let task = tokio::spawn(async move {
-            loop {
-                let Ok((tcp, _)) = listener.accept().await else {
-                    continue;
-                };
-                st.accepts.fetch_add(1, Ordering::SeqCst);
-                let acceptor = acceptor.clone();
-                let (st, real, gz) = (st.clone(), real.clone(), gz.clone());
-                tokio::spawn(async move {
-                    let Ok(tls) = acceptor.accept(tcp).await else {
-                        return;
-                    };
-                    let h2 = tls.get_ref().1.alpn_protocol() == Some(b"h2");
-                    let svc = hyper::service::service_fn(move |req: Request<Incoming>| {
-                        let (st, real, gz) = (st.clone(), real.clone(), gz.clone());
-                        async move { Ok::<_, Infallible>(route(req, st, real, gz).await) }
-                    });
-                    let io = TokioIo::new(tls);
-                    if h2 {
-                        let _ = hyper::server::conn::http2::Builder::new(TokioExecutor::new())
-                            .serve_connection(io, svc)
-                            .await;
-                    } else {
-                        let _ = hyper::server::conn::http1::Builder::new()
-                            .serve_connection(io, svc)
-                            .await;
-                    }
+        let server = serve_tls(pki.server_config(&[b"h2", b"http/1.1"]), move |tls| {
+            st.accepts.fetch_add(1, Ordering::SeqCst);
+            let (st, real, gz) = (st.clone(), real.clone(), gz.clone());
+            async move {
+                let h2 = tls.get_ref().1.alpn_protocol() == Some(b"h2");
+                let svc = hyper::service::service_fn(move |req: Request<Incoming>| {
+                    let (st, real, gz) = (st.clone(), real.clone(), gz.clone());
+                    async move { Ok::<_, Infallible>(route(req, st, real, gz).await) }
                 });
+                let io = TokioIo::new(tls);
+                if h2 {
+                    let _ = hyper::server::conn::http2::Builder::new(TokioExecutor::new())
+                        .serve_connection(io, svc)
+                        .await;
+                } else {
+                    let _ = hyper::server::conn::http1::Builder::new()
+                        .serve_connection(io, svc)
+                        .await;
+                }
             }
-        });
+        })
+        .await;
+        let addr = server.addr;
         Scripted {
             addr,
             ca_pem_path,
             state,
             gzip,
             _dir: dir,
-            task,
+            _server: server,
         }
     }
 
@@ -478,10 +428,10 @@ impl Drop for OwnSidecar {
 impl OwnSidecar {
     pub async fn start(cfg: &SidecarConfig, root_keys: &str) -> OwnSidecar {
         let dir = tempfile::tempdir().expect("tempdir");
-        let (proxy, admin) = free_port_pair();
         let ca_path = dir.path().join("ca.pem");
+        let ready_path = dir.path().join("ready.json");
         let config_path = dir.path().join("sidecar.toml");
-        let text = format!("{root_keys}\n{}", cfg.to_toml(proxy, admin, &ca_path));
+        let text = format!("{root_keys}\n{}", cfg.to_toml(&ready_path, &ca_path));
         std::fs::write(&config_path, text).expect("write config");
         let stdout_path = dir.path().join("stdout.log");
         let child = Command::new(SIDECAR_BIN)
@@ -495,26 +445,21 @@ impl OwnSidecar {
             .spawn()
             .expect("spawn sidecar");
         let mut s = OwnSidecar {
-            proxy,
-            admin,
+            proxy: SocketAddr::from(([0, 0, 0, 0], 0)),
+            admin: SocketAddr::from(([0, 0, 0, 0], 0)),
             ca_path,
             dir,
             stdout_path,
             child,
         };
-        let deadline = Instant::now() + Duration::from_secs(30);
-        loop {
-            if let Ok(Some(status)) = s.child.try_wait() {
-                panic!("sidecar exited before ready ({status}): {}", s.stdout());
-            }
-            if let Ok(Ok(r)) = tokio::time::timeout(Duration::from_secs(2), raw_get(admin, "/readyz", &[])).await {
-                if r.status == 200 {
-                    return s;
-                }
-            }
-            assert!(Instant::now() < deadline, "sidecar not ready in 30 s: {}", s.stdout());
-            tokio::time::sleep(Duration::from_millis(20)).await;
-        }
+        let stdout_path = s.stdout_path.clone();
+        let logs = move || std::fs::read_to_string(&stdout_path).unwrap_or_default();
+        let (proxy, admin) = await_ready_file(&mut s.child, &ready_path, &logs)
+            .await
+            .unwrap_or_else(|e| panic!("{e}"));
+        s.proxy = proxy;
+        s.admin = admin;
+        s
     }
 
     pub fn stdout(&self) -> String {

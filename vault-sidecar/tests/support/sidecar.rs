@@ -112,11 +112,14 @@ impl SidecarConfig {
         }
     }
 
-    /// Renders the TOML file.
-    pub fn to_toml(&self, listen: SocketAddr, admin: SocketAddr, ca_path: &Path) -> String {
+    /// Renders the TOML file. Both ports are port 0: the sidecar binds them and reports the
+    /// addresses in `ready_file` ([`await_ready_file`]), so no port is picked that another process
+    /// could take first.
+    pub fn to_toml(&self, ready_file: &Path, ca_path: &Path) -> String {
         let mut root = toml::Table::new();
-        root.insert("listen".into(), listen.to_string().into());
-        root.insert("admin_listen".into(), admin.to_string().into());
+        root.insert("listen".into(), "127.0.0.1:0".into());
+        root.insert("admin_listen".into(), "127.0.0.1:0".into());
+        root.insert("ready_file".into(), ready_file.to_string_lossy().to_string().into());
         root.insert("ca_cert_path".into(), ca_path.to_string_lossy().to_string().into());
         root.insert(
             "upstream_ca_files".into(),
@@ -167,19 +170,55 @@ impl SidecarConfig {
     }
 }
 
-/// Picks a free loopback port by binding port 0 and dropping the listener.
+/// A loopback address nothing listens on: bound to port 0, then closed (for "upstream refused"
+/// cases; never a port to start a server on).
 pub fn free_port() -> SocketAddr {
     let l = StdListener::bind("127.0.0.1:0").expect("bind port 0");
     l.local_addr().expect("local addr")
 }
 
-/// Two distinct free loopback ports: both listeners are held while the second is picked, so the kernel
-/// cannot hand out the same port twice (two separate [`free_port`] calls can, and the sidecar then
-/// refuses `admin_listen` equal to `listen`).
-pub fn free_port_pair() -> (SocketAddr, SocketAddr) {
-    let a = StdListener::bind("127.0.0.1:0").expect("bind port 0");
-    let b = StdListener::bind("127.0.0.1:0").expect("bind port 0");
-    (a.local_addr().expect("local addr"), b.local_addr().expect("local addr"))
+/// Wait until the sidecar `child` has written `ready_file` (after binding its ports and writing
+/// its CA) and answers `/readyz`; returns its proxy and admin addresses. `logs` explains a
+/// failure.
+pub async fn await_ready_file(
+    child: &mut Child,
+    ready_file: &Path,
+    logs: &dyn Fn() -> String,
+) -> Result<(SocketAddr, SocketAddr), String> {
+    #[derive(serde::Deserialize)]
+    struct Ready {
+        listen: SocketAddr,
+        admin_listen: SocketAddr,
+    }
+    let deadline = Instant::now() + Duration::from_secs(30);
+    let mut ready = None;
+    loop {
+        if let Ok(Some(status)) = child.try_wait() {
+            return Err(format!(
+                "vault-sidecar exited before ready ({status}); output:\n{}",
+                logs()
+            ));
+        }
+        if ready.is_none() {
+            // Written atomically (a temporary file renamed): present means complete.
+            if let Ok(text) = std::fs::read(ready_file) {
+                let r: Ready = serde_json::from_slice(&text)
+                    .map_err(|e| format!("{}: not the ready file's JSON: {e}", ready_file.display()))?;
+                ready = Some((r.listen, r.admin_listen));
+            }
+        }
+        if let Some((proxy, admin)) = ready {
+            if let Ok(Ok(r)) = tokio::time::timeout(Duration::from_secs(2), raw_get(admin, "/readyz", &[])).await {
+                if r.status == 200 {
+                    return Ok((proxy, admin));
+                }
+            }
+        }
+        if Instant::now() > deadline {
+            return Err(format!("vault-sidecar not ready within 30 s; output:\n{}", logs()));
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
 }
 
 /// A running sidecar process; killed on drop.
@@ -231,30 +270,14 @@ impl RawResponse {
 }
 
 impl Sidecar {
-    /// Writes the config into a fresh temp dir, starts the binary and waits (polling `/readyz` with a
-    /// deadline) until it is ready. Retries with new ports if the picked ones were taken meanwhile.
+    /// Writes the config into a fresh temp dir, starts the binary and waits until it is ready: its
+    /// ready file names the ports it bound, and `/readyz` answers.
     pub async fn start(cfg: SidecarConfig) -> Sidecar {
-        let mut last_err = String::new();
-        for _attempt in 0..5 {
-            match Self::try_start(&cfg).await {
-                Ok(s) => return s,
-                Err((msg, retry)) => {
-                    if !retry {
-                        panic!("{msg}");
-                    }
-                    last_err = msg;
-                }
-            }
-        }
-        panic!("sidecar never started: {last_err}");
-    }
-
-    async fn try_start(cfg: &SidecarConfig) -> Result<Sidecar, (String, bool)> {
         let dir = tempfile::tempdir().expect("sidecar tempdir");
-        let (listen, admin) = free_port_pair();
         let ca_path = dir.path().join("ca.pem");
+        let ready_path = dir.path().join("ready.json");
         let config_path = dir.path().join("sidecar.toml");
-        std::fs::write(&config_path, cfg.to_toml(listen, admin, &ca_path)).expect("write config");
+        std::fs::write(&config_path, cfg.to_toml(&ready_path, &ca_path)).expect("write config");
         let stdout_path = dir.path().join("stdout.log");
         let stderr_path = dir.path().join("stderr.log");
         let stdout = std::fs::File::create(&stdout_path).expect("stdout file");
@@ -277,8 +300,8 @@ impl Sidecar {
             .spawn()
             .expect("spawn vault-sidecar");
         let mut sc = Sidecar {
-            proxy: listen,
-            admin,
+            proxy: SocketAddr::from(([0, 0, 0, 0], 0)),
+            admin: SocketAddr::from(([0, 0, 0, 0], 0)),
             ca_path,
             config_path,
             dir,
@@ -287,33 +310,22 @@ impl Sidecar {
             child,
             admin_token: std::sync::OnceLock::new(),
         };
-        let deadline = Instant::now() + Duration::from_secs(30);
-        loop {
-            if let Ok(Some(status)) = sc.child.try_wait() {
-                let logs = sc.logs();
-                let retry = logs.to_ascii_lowercase().contains("address already in use")
-                    || logs.to_ascii_lowercase().contains("addrinuse");
-                return Err((
-                    format!("vault-sidecar exited before ready ({status}); output:\n{logs}"),
-                    retry,
-                ));
+        let stdout_path = sc.stdout_path.clone();
+        let stderr_path = sc.stderr_path.clone();
+        let logs = move || {
+            format!(
+                "--- stdout ---\n{}\n--- stderr ---\n{}",
+                std::fs::read_to_string(&stdout_path).unwrap_or_default(),
+                std::fs::read_to_string(&stderr_path).unwrap_or_default()
+            )
+        };
+        match await_ready_file(&mut sc.child, &ready_path, &logs).await {
+            Ok((proxy, admin)) => {
+                sc.proxy = proxy;
+                sc.admin = admin;
+                sc
             }
-            if let Ok(Ok(r)) = tokio::time::timeout(Duration::from_secs(2), raw_get(sc.admin, "/readyz", &[])).await {
-                if r.status == 200 {
-                    return Ok(sc);
-                }
-            }
-            if Instant::now() > deadline {
-                return Err((
-                    format!(
-                        "vault-sidecar not ready on http://{}/readyz within 30 s; output:\n{}",
-                        sc.admin,
-                        sc.logs()
-                    ),
-                    false,
-                ));
-            }
-            tokio::time::sleep(Duration::from_millis(20)).await;
+            Err(e) => panic!("{e}"),
         }
     }
 

@@ -18,7 +18,7 @@
 
 use std::convert::Infallible;
 use std::io;
-use std::net::{IpAddr, Ipv4Addr, SocketAddr};
+use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
@@ -31,7 +31,7 @@ use http_body_util::{BodyExt as _, Empty, Full, StreamBody};
 use hyper::body::{Frame, Incoming};
 use hyper::{Request, Response, StatusCode};
 use hyper_util::rt::{TokioExecutor, TokioIo};
-use rustls::pki_types::{CertificateDer, PrivateKeyDer, PrivatePkcs8KeyDer};
+use lap_test_support::{serve_tls, Server, TestPki};
 use tokio::io::AsyncWriteExt as _;
 use tokio::net::TcpListener;
 use tokio::task::JoinHandle;
@@ -155,6 +155,8 @@ pub struct Upstream {
     pub dir: tempfile::TempDir,
     log: Arc<Mutex<Vec<Recorded>>>,
     gzip_body: Bytes,
+    /// The TLS listener (stopped on drop).
+    _tls_server: Server,
     tasks: Vec<JoinHandle<()>>,
 }
 
@@ -198,48 +200,15 @@ pub fn opaque_encoded_body(enc: &str) -> Bytes {
 /// that uses one adds its own `[resolve]` entry).
 pub const EXTRA_CERT_HOSTS: [&str; 1] = ["deep.sub.github.com"];
 
-/// Test upstream PKI: a CA and a leaf for [`UPSTREAM_HOSTS`], [`EXTRA_CERT_HOSTS`] and 127.0.0.1.
-fn upstream_pki() -> (String, Vec<CertificateDer<'static>>, PrivateKeyDer<'static>) {
-    use rcgen::{
-        BasicConstraints, CertificateParams, DnType, ExtendedKeyUsagePurpose, IsCa, KeyPair, KeyUsagePurpose, SanType,
-    };
-    let ca_key = KeyPair::generate().expect("ca key");
-    let mut ca_params = CertificateParams::new(Vec::<String>::new()).expect("ca params");
-    ca_params
-        .distinguished_name
-        .push(DnType::CommonName, "LAP Test Upstream CA");
-    ca_params.is_ca = IsCa::Ca(BasicConstraints::Unconstrained);
-    ca_params.key_usages = vec![
-        KeyUsagePurpose::KeyCertSign,
-        KeyUsagePurpose::CrlSign,
-        KeyUsagePurpose::DigitalSignature,
-    ];
-    let ca = ca_params.self_signed(&ca_key).expect("ca self-signed");
-
-    let leaf_key = KeyPair::generate().expect("leaf key");
-    let mut leaf_params = CertificateParams::new(
-        UPSTREAM_HOSTS
-            .iter()
-            .chain(EXTRA_CERT_HOSTS.iter())
-            .map(|h| h.to_string())
-            .collect::<Vec<_>>(),
-    )
-    .expect("leaf params");
-    leaf_params
-        .subject_alt_names
-        .push(SanType::IpAddress(IpAddr::V4(Ipv4Addr::LOCALHOST)));
-    leaf_params
-        .subject_alt_names
-        .push(SanType::IpAddress(IpAddr::V6(std::net::Ipv6Addr::LOCALHOST)));
-    leaf_params
-        .distinguished_name
-        .push(DnType::CommonName, "lap test upstream");
-    leaf_params.extended_key_usages = vec![ExtendedKeyUsagePurpose::ServerAuth];
-    leaf_params.key_usages = vec![KeyUsagePurpose::DigitalSignature];
-    leaf_params.use_authority_key_identifier_extension = true;
-    let leaf = leaf_params.signed_by(&leaf_key, &ca, &ca_key).expect("leaf signed");
-    let key = PrivateKeyDer::Pkcs8(PrivatePkcs8KeyDer::from(leaf_key.serialize_der()));
-    (ca.pem(), vec![leaf.der().clone(), ca.der().clone()], key)
+/// Test upstream PKI: a CA and a leaf for [`UPSTREAM_HOSTS`], [`EXTRA_CERT_HOSTS`] and loopback.
+fn upstream_pki() -> TestPki {
+    let names: Vec<&str> = UPSTREAM_HOSTS
+        .iter()
+        .chain(EXTRA_CERT_HOSTS.iter())
+        .copied()
+        .chain(["127.0.0.1", "::1"])
+        .collect();
+    TestPki::new("LAP Test Upstream CA", &names)
 }
 
 fn run_git_sync(args: &[&str], cwd: &Path) {
@@ -280,25 +249,17 @@ fn make_git_repo(root: &Path) {
 impl Upstream {
     pub async fn start(opts: UpstreamOptions) -> Upstream {
         let dir = tempfile::tempdir().expect("upstream tempdir");
-        let (ca_pem, chain, key) = upstream_pki();
-        let ca_pem_path = dir.path().join("upstream-ca.pem");
-        std::fs::write(&ca_pem_path, &ca_pem).expect("write upstream ca");
+        let pki = upstream_pki();
+        let ca_pem_path = pki.write_ca(dir.path(), "upstream-ca.pem");
+        let ca_pem = pki.ca_pem.clone();
         let git_root = dir.path().join("git");
         make_git_repo(&git_root);
 
-        let provider = Arc::new(rustls::crypto::ring::default_provider());
-        let mut server_cfg = rustls::ServerConfig::builder_with_provider(provider)
-            .with_safe_default_protocol_versions()
-            .expect("tls versions")
-            .with_no_client_auth()
-            .with_single_cert(chain, key)
-            .expect("server cert");
-        server_cfg.alpn_protocols = match opts.alpn {
-            Alpn::Both => vec![b"h2".to_vec(), b"http/1.1".to_vec()],
-            Alpn::Http1Only => vec![b"http/1.1".to_vec()],
-            Alpn::H2Only => vec![b"h2".to_vec()],
-        };
-        let acceptor = tokio_rustls::TlsAcceptor::from(Arc::new(server_cfg));
+        let server_cfg = pki.server_config(match opts.alpn {
+            Alpn::Both => &[b"h2", b"http/1.1"],
+            Alpn::Http1Only => &[b"http/1.1"],
+            Alpn::H2Only => &[b"h2"],
+        });
 
         let log = Arc::new(Mutex::new(Vec::new()));
         let gzip_body = make_gzip_body();
@@ -311,38 +272,28 @@ impl Upstream {
             zstd_body: super::ops::encode("zstd", encoded_text().as_bytes()).await.into(),
         });
 
-        let tls_listener = TcpListener::bind("127.0.0.1:0").await.expect("bind tls");
         let plain_listener = TcpListener::bind("127.0.0.1:0").await.expect("bind plain");
-        let tls_addr = tls_listener.local_addr().expect("tls addr");
         let plain_addr = plain_listener.local_addr().expect("plain addr");
 
         let alpn_mode = opts.alpn;
         let tls_ctx = ctx.clone();
-        let tls_task = tokio::spawn(async move {
-            loop {
-                let Ok((tcp, _)) = tls_listener.accept().await else {
-                    continue;
+        let tls_server = serve_tls(server_cfg, move |tls| {
+            let ctx = tls_ctx.clone();
+            async move {
+                let (_, conn) = tls.get_ref();
+                let alpn = conn.alpn_protocol().map(|p| String::from_utf8_lossy(p).to_string());
+                let sni = conn.server_name().map(str::to_string);
+                let h2 = alpn.as_deref() == Some("h2") || (alpn.is_none() && alpn_mode == Alpn::H2Only);
+                let info = ConnInfo {
+                    scheme: "https",
+                    alpn,
+                    sni,
                 };
-                let _ = tcp.set_nodelay(true);
-                let acceptor = acceptor.clone();
-                let ctx = tls_ctx.clone();
-                tokio::spawn(async move {
-                    let Ok(tls) = acceptor.accept(tcp).await else {
-                        return;
-                    };
-                    let (_, conn) = tls.get_ref();
-                    let alpn = conn.alpn_protocol().map(|p| String::from_utf8_lossy(p).to_string());
-                    let sni = conn.server_name().map(str::to_string);
-                    let h2 = alpn.as_deref() == Some("h2") || (alpn.is_none() && alpn_mode == Alpn::H2Only);
-                    let info = ConnInfo {
-                        scheme: "https",
-                        alpn,
-                        sni,
-                    };
-                    serve_conn(TokioIo::new(tls), h2, ctx, info).await;
-                });
+                serve_conn(TokioIo::new(tls), h2, ctx, info).await;
             }
-        });
+        })
+        .await;
+        let tls_addr = tls_server.addr;
         let plain_ctx = ctx.clone();
         let plain_task = tokio::spawn(async move {
             loop {
@@ -370,7 +321,8 @@ impl Upstream {
             dir,
             log,
             gzip_body,
-            tasks: vec![tls_task, plain_task],
+            _tls_server: tls_server,
+            tasks: vec![plain_task],
         }
     }
 
