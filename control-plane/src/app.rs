@@ -616,7 +616,7 @@ impl App {
             secrets
         };
 
-        let (phase_tx, mut phase_rx) = tokio::sync::mpsc::unbounded_channel::<&'static str>();
+        let (phase_tx, phase_rx) = tokio::sync::mpsc::unbounded_channel::<&'static str>();
         let now = now_ms();
         let id = new_id("ses");
         let session = Session {
@@ -671,26 +671,20 @@ impl App {
             f.insert(session.id.clone(), cancel.clone());
         }
         let app = Arc::clone(self);
-        let sid = session.id.clone();
-        tokio::spawn(async move {
-            while let Some(phase) = phase_rx.recv().await {
-                if app.store.set_phase(&sid, phase).await.is_ok() {
-                    app.emit(&sid).await;
-                }
-            }
-        });
-        let app = Arc::clone(self);
         let initial_prompt = req.initial_prompt.clone();
-        tokio::spawn(async move { app.bring_up(spec, initial_prompt, cancel).await });
+        tokio::spawn(async move { app.bring_up(spec, phase_rx, initial_prompt, cancel).await });
         Ok(session)
     }
 
     /// Bring the sandbox up; cancelled (and whatever it started removed) as soon as the session
     /// is stopped, on this replica ([`App::stop_session`] signals `cancel`) or another (the
-    /// lease renewal sees the row is no longer `creating`).
+    /// lease renewal sees the row is no longer `creating`). The phases the backend reports
+    /// (`phases`) are recorded and emitted here, in order, every one before the outcome: a
+    /// watcher sees each phase the session went through, then `ready` or `failed`.
     async fn bring_up(
         self: Arc<Self>,
         spec: SandboxSpec,
+        mut phases: tokio::sync::mpsc::UnboundedReceiver<&'static str>,
         initial_prompt: Option<String>,
         cancel: Arc<tokio::sync::Notify>,
     ) {
@@ -719,10 +713,19 @@ impl App {
                 }
             })
         };
-        let result = tokio::select! {
-            r = tokio::time::timeout(self.config.create_timeout, self.backend.create(spec)) => Some(r),
-            () = cancel.notified() => None,
+        let create = tokio::time::timeout(self.config.create_timeout, self.backend.create(spec));
+        tokio::pin!(create);
+        let result = loop {
+            tokio::select! {
+                r = &mut create => break Some(r),
+                () = cancel.notified() => break None,
+                Some(phase) = phases.recv() => self.record_phase(&id, phase).await,
+            }
         };
+        // What the backend reported just before it returned comes before the outcome.
+        while let Ok(phase) = phases.try_recv() {
+            self.record_phase(&id, phase).await;
+        }
         renew.abort();
         let Some(result) = result else {
             // Stopped while creating: the create future is dropped; remove what it started.
@@ -780,6 +783,12 @@ impl App {
             if let Err(e) = self.send_message(&id, &text).await {
                 tracing::warn!(session = %id, error = %e, "initial prompt failed");
             }
+        }
+    }
+
+    async fn record_phase(&self, id: &str, phase: &str) {
+        if self.store.set_phase(id, phase).await.is_ok() {
+            self.emit(id).await;
         }
     }
 

@@ -249,9 +249,10 @@ pub fn check_value(field: &str, value: &str) -> Result<(), EnvVarError> {
         None if value.len() < MIN_VALUE_LEN => Err(err(
             field,
             format!(
-                "the value is {} bytes; at least {MIN_VALUE_LEN} are required (a shorter one would match \
+                "the value is {} byte{}; at least {MIN_VALUE_LEN} are required (a shorter one would match \
                  ordinary bytes, so the vault could not redact it from responses)",
-                value.len()
+                value.len(),
+                if value.len() == 1 { "" } else { "s" }
             ),
         )),
         None => Ok(()),
@@ -458,8 +459,8 @@ mod tests {
     fn builtin_table_binds_well_known_names() {
         let b = check(&[
             ("ANTHROPIC_API_KEY", "sk-ant-x"),
-            ("GITHUB_TOKEN", "ghp_x"),
-            ("OPENAI_API_KEY", "sk-x"),
+            ("GITHUB_TOKEN", "ghp_x_value"),
+            ("OPENAI_API_KEY", "sk-x-value"),
         ])
         .unwrap();
         assert_eq!(b[0].name, "ANTHROPIC_API_KEY");
@@ -478,7 +479,7 @@ mod tests {
 
     #[test]
     fn unknown_name_without_binding_says_how_to_bind() {
-        let e = check(&[("MY_TOKEN", "v")]).unwrap_err();
+        let e = check(&[("MY_TOKEN", "v-value-1")]).unwrap_err();
         assert_eq!(e.field, "env_vars.MY_TOKEN");
         assert!(e.reason.contains("env_var_hosts"), "{e}");
     }
@@ -486,7 +487,7 @@ mod tests {
     #[test]
     fn explicit_binding_wins_over_inherited_and_builtin() {
         let b = validate(
-            &map(&[("ANTHROPIC_API_KEY", "k"), ("MY_TOKEN", "v")]),
+            &map(&[("ANTHROPIC_API_KEY", "k-value-1"), ("MY_TOKEN", "v-value-1")]),
             &hosts(&[("ANTHROPIC_API_KEY", &["llm.internal"])]),
             &hosts(&[("MY_TOKEN", &["*.corp.example"])]),
         )
@@ -498,13 +499,13 @@ mod tests {
     #[test]
     fn bad_binding_names_the_host() {
         let e = validate(
-            &map(&[("A", "v")]),
+            &map(&[("A", "v-value-1")]),
             &hosts(&[("A", &["ok.example", "bad host"])]),
             &BTreeMap::new(),
         )
         .unwrap_err();
         assert_eq!(e.field, "env_var_hosts.A[1]");
-        let e = validate(&map(&[("A", "v")]), &hosts(&[("A", &[])]), &BTreeMap::new()).unwrap_err();
+        let e = validate(&map(&[("A", "v-value-1")]), &hosts(&[("A", &[])]), &BTreeMap::new()).unwrap_err();
         assert_eq!(e.field, "env_var_hosts.A");
         let e = validate(&map(&[]), &hosts(&[("A", &["x.example"])]), &BTreeMap::new()).unwrap_err();
         assert_eq!(e.field, "env_var_hosts.A");
@@ -639,7 +640,7 @@ mod tests {
     #[test]
     fn fifty_keys_is_the_limit() {
         let keys: Vec<String> = (0..51).map(|i| format!("K{i}")).collect();
-        let all: BTreeMap<String, String> = keys.iter().map(|k| (k.clone(), "v".to_owned())).collect();
+        let all: BTreeMap<String, String> = keys.iter().map(|k| (k.clone(), "v-value-1".to_owned())).collect();
         let bind: BTreeMap<String, Vec<String>> =
             keys.iter().map(|k| (k.clone(), vec!["h.example".to_owned()])).collect();
         let e = validate(&all, &BTreeMap::new(), &bind).unwrap_err();

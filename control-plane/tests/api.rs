@@ -192,7 +192,7 @@ async fn agents_crud(h: &Harness) {
         r,
         "PATCH",
         &format!("{A}/agents/{id}"),
-        Some(json!({"model": "other", "env_vars": {"GITHUB_TOKEN": "<redacted>", "GH_TOKEN": "ghp_NEW"}})),
+        Some(json!({"model": "other", "env_vars": {"GITHUB_TOKEN": "<redacted>", "GH_TOKEN": "ghp_NEW_value"}})),
     )
     .await;
     assert_eq!(s, StatusCode::OK, "{v}");
@@ -250,7 +250,7 @@ async fn secrets_registry(h: &Harness) {
         r,
         "POST",
         "/api/v1/secrets",
-        Some(json!({"name": name, "value": "x", "hosts": ["api.example.com"]})),
+        Some(json!({"name": name, "value": "x-value-1", "hosts": ["api.example.com"]})),
     )
     .await;
     assert_eq!(s, StatusCode::CONFLICT);
@@ -258,11 +258,23 @@ async fn secrets_registry(h: &Harness) {
         r,
         "POST",
         "/api/v1/secrets",
-        Some(json!({"name": "B", "value": "x", "hosts": ["bad host"]})),
+        Some(json!({"name": "B", "value": "x-value-1", "hosts": ["bad host"]})),
     )
     .await;
     assert_eq!(s, StatusCode::BAD_REQUEST);
     assert!(v["error"].as_str().unwrap().contains("hosts[0]"), "{v}");
+    // A value too short to redact from responses is refused, and not echoed.
+    let (s, v) = call(
+        r,
+        "POST",
+        "/api/v1/secrets",
+        Some(json!({"name": "SHORT", "value": "1234567", "hosts": ["api.example.com"]})),
+    )
+    .await;
+    assert_eq!(s, StatusCode::BAD_REQUEST, "{v}");
+    let e = v["error"].as_str().unwrap();
+    assert!(e.starts_with("value: the value is 7 bytes; at least 8"), "{v}");
+    assert!(!e.contains("1234567"), "{v}");
     let (s, v) = call(
         r,
         "PUT",
@@ -312,12 +324,18 @@ async fn sessions(h: &Harness) {
 
     // env_vars violations: each a 400 naming the key.
     for (vars, hosts, needle) in [
-        (json!({"HTTPS_PROXY": "x"}), json!({}), "env_vars.HTTPS_PROXY"),
-        (json!({"LAP_X": "x"}), json!({}), "env_vars.LAP_X"),
-        (json!({"1BAD": "x"}), json!({}), "env_vars.1BAD"),
-        (json!({"MY_TOKEN": "x"}), json!({}), "env_vars.MY_TOKEN"),
+        (json!({"HTTPS_PROXY": "x-value-1"}), json!({}), "env_vars.HTTPS_PROXY"),
+        (json!({"LAP_X": "x-value-1"}), json!({}), "env_vars.LAP_X"),
+        (json!({"1BAD": "x-value-1"}), json!({}), "env_vars.1BAD"),
+        (json!({"MY_TOKEN": "x-value-1"}), json!({}), "env_vars.MY_TOKEN"),
+        // Too short to redact from responses.
         (
-            json!({"MY_TOKEN": "x"}),
+            json!({"MY_TOKEN": "1234567"}),
+            json!({"MY_TOKEN": ["api.example.com"]}),
+            "env_vars.MY_TOKEN: the value is 7 bytes",
+        ),
+        (
+            json!({"MY_TOKEN": "x-value-1"}),
             json!({"MY_TOKEN": ["not a host"]}),
             "env_var_hosts.MY_TOKEN[0]",
         ),
@@ -332,7 +350,7 @@ async fn sessions(h: &Harness) {
         assert_eq!(s, StatusCode::BAD_REQUEST, "{v}");
         assert!(v["error"].as_str().unwrap().contains(needle), "{needle}: {v}");
     }
-    let many: serde_json::Map<String, Value> = (0..51).map(|i| (format!("K{i}"), json!("v"))).collect();
+    let many: serde_json::Map<String, Value> = (0..51).map(|i| (format!("K{i}"), json!("v-value-1"))).collect();
     let (s, v) = call(
         r,
         "POST",
@@ -596,7 +614,7 @@ async fn agent_tools_env_and_message_parts() {
         &format!("{A}/agents"),
         Some(
             json!({"name": unique("dup"), "harness_id": "opencode", "env": {"TOKEN_X": "a"},
-            "env_vars": {"TOKEN_X": "b"}, "env_var_hosts": {"TOKEN_X": ["x.example.com"]}}),
+            "env_vars": {"TOKEN_X": "b-value-1"}, "env_var_hosts": {"TOKEN_X": ["x.example.com"]}}),
         ),
     )
     .await;

@@ -656,9 +656,10 @@ fn validate_secrets(
                 problems.add(
                     format!("{key}.value"),
                     format!(
-                        "the real value is {} bytes; at least {MIN_VALUE_LEN} are required (a shorter one would \
-                         match ordinary bytes, so it could not be redacted from responses)",
-                        v.len()
+                        "the real value is {} byte{}; at least {MIN_VALUE_LEN} are required (a shorter one \
+                         would match ordinary bytes, so it could not be redacted from responses)",
+                        v.len(),
+                        if v.len() == 1 { "" } else { "s" }
                     ),
                 );
             } else if v == &spec.stub {
