@@ -1,6 +1,7 @@
 //! Audit events: one per intercepted request, logged as a JSON line and kept (the last 1000) for
 //! `GET /interceptions`. An event names secrets, never values or stubs; the path keeps query
-//! *names* only.
+//! *names* only, and a stub in it (as written or percent-encoded) becomes `<NAME>` of its secret
+//! ([`audit_path`]).
 //!
 //! Each event carries `run` (random per process start) and `seq` (1, 2, … within the run), so a
 //! reader that keeps the last `(run, seq)` it saw asks only for what is new
@@ -12,6 +13,7 @@ use std::sync::{Arc, Mutex, OnceLock};
 use serde::Serialize;
 
 use crate::logwriter::BatchWriter;
+use crate::secrets::SecretSet;
 
 /// How many events `GET /interceptions` keeps.
 pub(crate) const AUDIT_CAPACITY: usize = 1000;
@@ -67,6 +69,45 @@ pub(crate) fn path_without_query_values(pq: &str) -> String {
             )
         }
     }
+}
+
+/// How many times a path is percent-decoded looking for a stub (`%25` hides a level each).
+const MAX_DECODES: usize = 4;
+
+/// The path an audit event keeps: [`path_without_query_values`], and no stub. A stub in a path
+/// segment or a query name, as written or percent-encoded (up to [`MAX_DECODES`] levels), is
+/// replaced by `<NAME>` of its secret; such a path is shown decoded. Without a stub the path is
+/// kept as the client wrote it.
+pub(crate) fn audit_path(pq: &str, secrets: &SecretSet) -> String {
+    let path = path_without_query_values(pq);
+    let Some(stubs) = secrets.stub_automaton() else {
+        return path;
+    };
+    let mut form = path.clone();
+    for _ in 0..=MAX_DECODES {
+        if stubs.find_iter(form.as_bytes()).next().is_some() {
+            let mut out = String::with_capacity(form.len());
+            let mut last = 0;
+            for m in stubs.find_iter(form.as_bytes()) {
+                out.push_str(&form[last..m.start()]);
+                out.push('<');
+                out.push_str(&secrets.secrets()[m.pattern().as_usize()].name);
+                out.push('>');
+                last = m.end();
+            }
+            out.push_str(&form[last..]);
+            return out;
+        }
+        if !form.contains('%') {
+            break;
+        }
+        let decoded = percent_encoding::percent_decode_str(&form).decode_utf8_lossy().into_owned();
+        if decoded == form {
+            break;
+        }
+        form = decoded;
+    }
+    path
 }
 
 /// Where audit lines go when the binary set it up ([`write_lines_to`]); otherwise through `tracing`.
@@ -178,6 +219,38 @@ mod tests {
     fn query_values_are_dropped() {
         assert_eq!(path_without_query_values("/a?key=SECRET&x=1&flag"), "/a?key=&x=&flag=");
         assert_eq!(path_without_query_values("/a"), "/a");
+    }
+
+    fn secrets() -> SecretSet {
+        use crate::config::{HostSet, LocationSet, Secret};
+        SecretSet::new(vec![Secret {
+            name: "BOT_TOKEN".into(),
+            stub: "lapstub-bot-1234".into(),
+            value: "real-bot-value-9876".into(),
+            hosts: HostSet(vec!["api.example.com".parse().expect("pattern")]),
+            locations: LocationSet::default(),
+        }])
+    }
+
+    #[test]
+    fn stubs_in_paths_and_query_names_become_the_secrets_name() {
+        let s = secrets();
+        for (pq, want) in [
+            ("/botlapstub-bot-1234/send?x=1", "/bot<BOT_TOKEN>/send?x="),
+            ("/v1?lapstub-bot-1234=1&y=2", "/v1?<BOT_TOKEN>=&y="),
+            // Percent-encoded, and encoded twice (`%25` is `%`).
+            ("/%6Capstub-bot-1234/x", "/<BOT_TOKEN>/x"),
+            ("/%256Capstub%252Dbot-1234/x", "/<BOT_TOKEN>/x"),
+            // A query value is dropped whatever it holds.
+            ("/v1?key=lapstub-bot-1234", "/v1?key="),
+            // No stub: the path as written.
+            ("/a%20b/c?q=1", "/a%20b/c?q="),
+        ] {
+            let got = audit_path(pq, &s);
+            assert_eq!(got, want, "{pq}");
+            assert!(!got.contains("lapstub-bot-1234"), "{pq} → {got}");
+        }
+        assert_eq!(audit_path("/botlapstub-bot-1234", &SecretSet::empty()), "/botlapstub-bot-1234");
     }
 
     #[test]

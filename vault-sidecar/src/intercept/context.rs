@@ -9,7 +9,7 @@ use std::time::{Duration, Instant};
 
 use http::{Method, Request, Response};
 
-use crate::audit::{path_without_query_values, AuditEvent, Injected};
+use crate::audit::{audit_path, AuditEvent, Injected};
 use crate::config::Location;
 use crate::connect::Target;
 use crate::metrics::InjectionLabels;
@@ -84,6 +84,7 @@ impl RequestContext {
         secrets: Arc<SecretSet>,
         req: &Request<B>,
     ) -> Self {
+        let path = audit_path(req.uri().path_and_query().map_or("/", |pq| pq.as_str()), &secrets);
         Self {
             proxy,
             mode,
@@ -91,7 +92,7 @@ impl RequestContext {
             secrets,
             start: Instant::now(),
             method: req.method().clone(),
-            path: path_without_query_values(req.uri().path_and_query().map_or("/", |pq| pq.as_str())),
+            path,
             injections: Injections::default(),
             counters: Arc::new(Counters::default()),
             prepared: Duration::ZERO,
