@@ -168,8 +168,8 @@ where
 }
 
 /// Poll `probe` every 20 ms until it returns `Some`, for at most `within`; panics naming `what`
-/// (and the last thing `probe` reported, if it says) when the deadline passes.
-pub async fn eventually<T, P, F>(what: &str, within: Duration, mut probe: P) -> T
+/// when the deadline passes.
+pub async fn eventually<T, P, F>(within: Duration, what: &str, mut probe: P) -> T
 where
     P: FnMut() -> F,
     F: Future<Output = Option<T>>,
@@ -179,12 +179,12 @@ where
         if let Some(v) = probe().await {
             return v;
         }
-        assert!(Instant::now() < deadline, "{what}: not within {within:?}");
+        assert!(Instant::now() < deadline, "not within {within:?}: {what}");
         tokio::time::sleep(Duration::from_millis(20)).await;
     }
 }
 
 /// [`eventually`] for a synchronous condition.
-pub async fn eventually_true(what: &str, within: Duration, mut condition: impl FnMut() -> bool) {
-    eventually(what, within, || std::future::ready(condition().then_some(()))).await
+pub async fn eventually_true(within: Duration, what: &str, mut condition: impl FnMut() -> bool) {
+    eventually(within, what, || std::future::ready(condition().then_some(()))).await
 }

@@ -2,7 +2,7 @@
 //! tripwire, metrics content after traffic, `/interceptions` behind `admin_token_file`, and reload of
 //! `secrets_file` (file change, SIGHUP, `POST /reload`, a bad file rejected).
 
-mod support;
+use crate::support;
 
 use std::process::Stdio;
 use std::sync::atomic::Ordering;
