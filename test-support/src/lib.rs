@@ -197,7 +197,10 @@ where
     loop {
         match probe().await {
             Ok(v) => return v,
-            Err(seen) => assert!(Instant::now() < deadline, "not within {within:?}: {what}; last seen: {seen}"),
+            Err(seen) => assert!(
+                Instant::now() < deadline,
+                "not within {within:?}: {what}; last seen: {seen}"
+            ),
         }
         tokio::time::sleep(Duration::from_millis(20)).await;
     }

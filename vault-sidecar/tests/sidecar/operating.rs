@@ -502,7 +502,9 @@ async fn interceptions_need_the_admin_token_and_hold_names_only() {
     // and the log keep the secret's name in its place.
     sidecar
         .curl()
-        .arg(format!("https://api.anthropic.com/reflect/{ANTHROPIC_STUB}/x?{ANTHROPIC_STUB}=1"))
+        .arg(format!(
+            "https://api.anthropic.com/reflect/{ANTHROPIC_STUB}/x?{ANTHROPIC_STUB}=1"
+        ))
         .run()
         .await
         .ok();
@@ -597,7 +599,10 @@ async fn interceptions_need_the_admin_token_and_hold_names_only() {
     for forbidden in [ANTHROPIC_REAL, ANTHROPIC_STUB, &encoded_stub, "QVAL-not-logged", token] {
         assert!(!stdout.contains(forbidden), "{forbidden:?} in the logs");
     }
-    assert!(stdout.contains("<ANTHROPIC_API_KEY>"), "the audit lines name the secret in the path");
+    assert!(
+        stdout.contains("<ANTHROPIC_API_KEY>"),
+        "the audit lines name the secret in the path"
+    );
 }
 
 /// `text` with every byte percent-encoded (`%73%6B…`), unreserved ones too.
