@@ -3,7 +3,8 @@
 //! - [`TestPki`]: one test CA and a leaf it signed for the names a stand-in answers as.
 //! - [`serve_tls`] / [`serve_https`]: a TLS stand-in on `127.0.0.1:0` that reports its address
 //!   (no port is picked for it, so none can be taken first), stopped on drop.
-//! - [`eventually`]: poll a condition until a deadline, failing with what was awaited.
+//! - [`eventually`], [`eventually_ok`], [`eventually_true`]: poll a condition until a deadline,
+//!   failing with what was awaited (and what was last seen).
 //! - [`sse`]: the product's server-sent-events reader (`lap-sse`), for tests that read streams.
 #![warn(unreachable_pub)]
 
@@ -168,8 +169,8 @@ where
 }
 
 /// Poll `probe` every 20 ms until it returns `Some`, for at most `within`; panics naming `what`
-/// (and the last thing `probe` reported, if it says) when the deadline passes.
-pub async fn eventually<T, P, F>(what: &str, within: Duration, mut probe: P) -> T
+/// when the deadline passes.
+pub async fn eventually<T, P, F>(within: Duration, what: &str, mut probe: P) -> T
 where
     P: FnMut() -> F,
     F: Future<Output = Option<T>>,
@@ -179,12 +180,33 @@ where
         if let Some(v) = probe().await {
             return v;
         }
-        assert!(Instant::now() < deadline, "{what}: not within {within:?}");
+        assert!(Instant::now() < deadline, "not within {within:?}: {what}");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}
+
+/// [`eventually`] whose probe says what it saw: `Err(seen)` until the condition holds; the
+/// panic at the deadline names `what` and the last `seen` (a status, a log, a body).
+pub async fn eventually_ok<T, E, P, F>(within: Duration, what: &str, mut probe: P) -> T
+where
+    E: std::fmt::Display,
+    P: FnMut() -> F,
+    F: Future<Output = Result<T, E>>,
+{
+    let deadline = Instant::now() + within;
+    loop {
+        match probe().await {
+            Ok(v) => return v,
+            Err(seen) => assert!(
+                Instant::now() < deadline,
+                "not within {within:?}: {what}; last seen: {seen}"
+            ),
+        }
         tokio::time::sleep(Duration::from_millis(20)).await;
     }
 }
 
 /// [`eventually`] for a synchronous condition.
-pub async fn eventually_true(what: &str, within: Duration, mut condition: impl FnMut() -> bool) {
-    eventually(what, within, || std::future::ready(condition().then_some(()))).await
+pub async fn eventually_true(within: Duration, what: &str, mut condition: impl FnMut() -> bool) {
+    eventually(within, what, || std::future::ready(condition().then_some(()))).await
 }

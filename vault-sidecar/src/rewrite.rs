@@ -19,6 +19,9 @@ use crate::config::Location;
 use crate::config::TargetHost;
 use crate::secrets::{Finder, SecretSet};
 
+/// How many times the tripwire percent-decodes a path, query or header looking for a stub.
+pub(crate) const MAX_DECODES: usize = 4;
+
 /// A stub of a secret that is not bound to the request's target host.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Exfiltration {
@@ -61,6 +64,64 @@ impl<'a> HostRules<'a> {
         self.set
     }
 
+    /// The tripwire beyond the stub as written: a stub of a secret this host is not bound to,
+    /// base64- or JSON-encoded ([`crate::secrets::stub_forms`]), or percent-encoded (decoded up to
+    /// [`MAX_DECODES`] levels, `%25` hiding one each), refuses. Nothing to find when every secret
+    /// is bound to this host.
+    pub fn tripwire(&self, input: &[u8], location: Location) -> Result<(), Exfiltration> {
+        if self.bound.iter().all(|b| *b) {
+            return Ok(());
+        }
+        self.unbound_encoded(input, location)?;
+        if !input.contains(&b'%') {
+            return Ok(());
+        }
+        let mut form = input.to_vec();
+        for _ in 0..MAX_DECODES {
+            let decoded: Vec<u8> = percent_encoding::percent_decode(&form).collect();
+            if decoded == form {
+                break;
+            }
+            if let Some(ac) = self.set.stub_automaton() {
+                if let Some(id) = ac
+                    .find_iter(&decoded)
+                    .map(|m| m.pattern().as_usize())
+                    .find(|&id| !self.bound[id])
+                {
+                    return Err(self.exfiltration(id, location));
+                }
+            }
+            self.unbound_encoded(&decoded, location)?;
+            form = decoded;
+        }
+        Ok(())
+    }
+
+    /// The tripwire on a header *name* (lowercase, as HTTP/2 sends it and as parsed: RFC 9110
+    /// §5.1): the stub of a secret this host is not bound to, in any case, refuses.
+    pub fn header_name(&self, name: &str) -> Result<(), Exfiltration> {
+        for (id, secret) in self.set.secrets().iter().enumerate() {
+            if !self.bound[id] && contains_ignore_ascii_case(name.as_bytes(), secret.stub.as_bytes()) {
+                return Err(self.exfiltration(id, Location::Header));
+            }
+        }
+        Ok(())
+    }
+
+    /// An encoded form of an unbound secret's stub in `input`.
+    fn unbound_encoded(&self, input: &[u8], location: Location) -> Result<(), Exfiltration> {
+        if let Some((ac, ids)) = self.set.encoded_stub_automaton() {
+            if let Some(id) = ac
+                .find_iter(input)
+                .map(|m| ids[m.pattern().as_usize()])
+                .find(|&id| !self.bound[id])
+            {
+                return Err(self.exfiltration(id, location));
+            }
+        }
+        Ok(())
+    }
+
     /// Swap stubs in one header value; `Ok(None)` when nothing changed.
     ///
     /// `Authorization: Basic <base64>` is decoded, swapped and re-encoded (RFC 7617), so credentials
@@ -69,6 +130,7 @@ impl<'a> HostRules<'a> {
         let Some(ac) = self.set.stub_automaton() else {
             return Ok(None);
         };
+        self.tripwire(value, Location::Header)?;
         let swapped = self.swap(ac, value, Location::Header, injections)?;
         let current = swapped.as_deref().unwrap_or(value);
         if let Some(encoded) = basic_credentials(current) {
@@ -90,6 +152,7 @@ impl<'a> HostRules<'a> {
         let Some(ac) = self.set.stub_automaton() else {
             return Ok(None);
         };
+        self.tripwire(pq.as_bytes(), Location::Query)?;
         let (path, query) = match pq.split_once('?') {
             Some((p, q)) => (p, Some(q)),
             None => (pq, None),
@@ -164,6 +227,10 @@ impl<'a> HostRules<'a> {
         }
         Ok(out)
     }
+}
+
+fn contains_ignore_ascii_case(haystack: &[u8], needle: &[u8]) -> bool {
+    needle.len() <= haystack.len() && haystack.windows(needle.len()).any(|w| w.eq_ignore_ascii_case(needle))
 }
 
 /// The base64 part of a `Basic` credentials header value, if it is one.
@@ -491,6 +558,54 @@ mod tests {
         assert!(rules
             .path_and_query("/leak/ghp_STUBbbbbbbbb", &mut Injections::default())
             .is_err());
+    }
+
+    /// W09: an encoded stub toward a host its secret is not bound to is refused like the stub.
+    #[test]
+    fn encoded_stubs_to_an_unbound_host_are_exfiltration() {
+        use base64::engine::general_purpose::{STANDARD, URL_SAFE_NO_PAD};
+        let set = set();
+        let rules = HostRules::new(&set, &host("evil.example"));
+        let stub = "sk-ant-STUB-aaaa";
+        let every_byte: String = stub.bytes().map(|b| format!("%{b:02x}")).collect();
+        let twice: String = every_byte.replace('%', "%25");
+        for value in [
+            STANDARD.encode(stub),
+            URL_SAFE_NO_PAD.encode(format!("x{stub}")),
+            format!("prefix.{}.suffix", STANDARD.encode(format!("ab{stub}cd"))),
+            every_byte.clone(),
+            twice.clone(),
+            STANDARD.encode(format!("user:{stub}")),
+        ] {
+            let err = rules
+                .header_value(value.as_bytes(), &mut Injections::default())
+                .expect_err(&value);
+            assert_eq!(err.secret, "ANTHROPIC_API_KEY", "{value}");
+        }
+        for pq in [
+            format!("/x/{every_byte}"),
+            format!("/x?q={twice}"),
+            format!("/x?{}=1", STANDARD.encode(stub)),
+        ] {
+            assert!(rules.path_and_query(&pq, &mut Injections::default()).is_err(), "{pq}");
+        }
+        // Header names: the stub in any case.
+        assert!(rules.header_name("x-sk-ant-stub-aaaa").is_err());
+        assert!(rules.header_name("x-api-key").is_ok());
+        // Toward its bound host an encoded stub is neither swapped nor refused.
+        let bound = HostRules::new(&set, &host("api.anthropic.com"));
+        let encoded = STANDARD.encode(stub);
+        assert_eq!(
+            bound.header_value(encoded.as_bytes(), &mut Injections::default()),
+            Ok(None)
+        );
+        // Ordinary base64 and percent-encoding pass.
+        for value in [STANDARD.encode("an ordinary credential"), "%2Fhome%2Fuser".to_owned()] {
+            assert!(
+                rules.header_value(value.as_bytes(), &mut Injections::default()).is_ok(),
+                "{value}"
+            );
+        }
     }
 
     #[test]

@@ -52,6 +52,18 @@ pub(crate) fn value_forms(value: &[u8], stub: &[u8]) -> Vec<(Vec<u8>, Vec<u8>)> 
     forms
 }
 
+/// The encoded forms of a stub the tripwire looks for besides the stub itself: its base64
+/// (standard and URL-safe, whole and at each alignment inside a longer string) and JSON-escaped
+/// forms, as in [`value_forms`]. Percent-encoding is not enumerated (any subset of bytes may be
+/// encoded): the tripwire decodes instead.
+pub(crate) fn stub_forms(stub: &[u8]) -> Vec<Vec<u8>> {
+    value_forms(stub, stub)
+        .into_iter()
+        .map(|(pattern, _)| pattern)
+        .filter(|p| p.as_slice() != stub && !p.contains(&b'%'))
+        .collect()
+}
+
 /// The base64 characters of `bytes` preceded by `align` other bytes that depend on `bytes` alone.
 fn base64_middle(engine: &impl base64::Engine, bytes: &[u8], align: usize) -> Vec<u8> {
     let mut padded = vec![0u8; align];
@@ -96,6 +108,9 @@ pub struct SecretSet {
     secrets: Vec<Secret>,
     /// Pattern `i` is `secrets[i].stub`.
     stubs: Option<Arc<Finder>>,
+    /// Pattern `j` is an encoded form of `secrets[encoded_stub_ids[j]].stub` ([`stub_forms`]).
+    encoded_stubs: Option<Arc<Finder>>,
+    encoded_stub_ids: Vec<usize>,
     /// Pattern `j` is a form of `secrets[redact_ids[j]].value` ([`value_forms`]).
     values: Option<Arc<Finder>>,
     redact_ids: Vec<usize>,
@@ -203,11 +218,22 @@ impl SecretSet {
             }
         }
         let values = Finder::new(redact_values.iter().map(|v| &v[..])).map(Arc::new);
+        let mut encoded_stub_ids = Vec::new();
+        let mut encoded_stubs = Vec::new();
+        for (i, s) in secrets.iter().enumerate() {
+            for form in stub_forms(s.stub.as_bytes()) {
+                encoded_stub_ids.push(i);
+                encoded_stubs.push(form);
+            }
+        }
+        let encoded_stubs = Finder::new(&encoded_stubs).map(Arc::new);
         let bound = HostSet(secrets.iter().flat_map(|s| s.hosts.0.iter().cloned()).collect());
         let stub_bytes = secrets.iter().map(|s| Bytes::from(s.stub.clone())).collect();
         Self {
             secrets,
             stubs,
+            encoded_stubs,
+            encoded_stub_ids,
             values,
             redact_ids,
             stub_bytes,
@@ -238,6 +264,14 @@ impl SecretSet {
     /// allocates its Rabin-Karp buckets).
     pub fn stub_automaton(&self) -> Option<&Arc<Finder>> {
         self.stubs.as_ref()
+    }
+
+    /// Automaton over the stubs' encoded forms ([`stub_forms`]) for the tripwire, and the secret
+    /// index of each pattern.
+    pub fn encoded_stub_automaton(&self) -> Option<(&Arc<Finder>, &[usize])> {
+        self.encoded_stubs
+            .as_ref()
+            .map(|ac| (ac, self.encoded_stub_ids.as_slice()))
     }
 
     /// Automaton over the redactable real values, and the secret index of each pattern.

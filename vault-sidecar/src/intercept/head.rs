@@ -94,6 +94,9 @@ pub(crate) fn rewrite_request(
     parts.headers.remove(header::HOST);
     parts.headers.remove(header::EXPECT);
     for (name, value) in parts.headers.iter_mut() {
+        rules
+            .header_name(name.as_str())
+            .map_err(|ex| exfiltration(ex, target))?;
         if let Some(swapped) = rules
             .header_value(value.as_bytes(), injections)
             .map_err(|ex| exfiltration(ex, target))?

@@ -2,7 +2,7 @@
 //! plus the sidecar's answers for egress policy, unreachable upstreams, garbage, its own ports, and its admin
 //! port. See `support/` for the upstream stand-in and the sidecar launcher.
 
-mod support;
+use crate::support;
 
 use std::time::Duration;
 

@@ -3,7 +3,7 @@
 //! reading mid-download (the upstream must be released), and thousands of CONNECTs that never send a
 //! ClientHello (closed after the handshake timeout; descriptors and memory return to baseline).
 
-mod support;
+use crate::support;
 
 use std::sync::atomic::Ordering;
 use std::time::{Duration, Instant};

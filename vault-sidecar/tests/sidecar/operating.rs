@@ -2,7 +2,7 @@
 //! tripwire, metrics content after traffic, `/interceptions` behind `admin_token_file`, and reload of
 //! `secrets_file` (file change, SIGHUP, `POST /reload`, a bad file rejected).
 
-mod support;
+use crate::support;
 
 use std::process::Stdio;
 use std::sync::atomic::Ordering;
@@ -498,6 +498,25 @@ async fn interceptions_need_the_admin_token_and_hold_names_only() {
         .await
         .ok();
     assert_eq!(out.status, 403);
+    // A stub in the path and in a query name, as written and percent-encoded: the audit event
+    // and the log keep the secret's name in its place.
+    sidecar
+        .curl()
+        .arg(format!(
+            "https://api.anthropic.com/reflect/{ANTHROPIC_STUB}/x?{ANTHROPIC_STUB}=1"
+        ))
+        .run()
+        .await
+        .ok();
+    sidecar
+        .curl()
+        .arg(format!(
+            "https://api.anthropic.com/reflect/encoded/{}",
+            every_byte_encoded(ANTHROPIC_STUB)
+        ))
+        .run()
+        .await
+        .ok();
 
     let get = |hdrs: Vec<(String, String)>| {
         let admin = sidecar.admin;
@@ -563,10 +582,32 @@ async fn interceptions_need_the_admin_token_and_hold_names_only() {
         .find(|e| e.to_string().contains("stub-exfiltration"))
         .unwrap_or_else(|| panic!("blocked event: {text}"));
     assert!(blocked.to_string().contains("attacker.example"), "{blocked}");
+    assert!(
+        text.contains("/reflect/<ANTHROPIC_API_KEY>/x?<ANTHROPIC_API_KEY>="),
+        "a stub in the path or a query name becomes its secret's name: {text}"
+    );
+    assert!(
+        text.contains("/reflect/encoded/<ANTHROPIC_API_KEY>"),
+        "a percent-encoded stub too: {text}"
+    );
+    assert!(
+        !text.contains(&every_byte_encoded(ANTHROPIC_STUB)),
+        "the encoded stub in /interceptions: {text}"
+    );
     let stdout = sidecar.stdout();
-    for forbidden in [ANTHROPIC_REAL, ANTHROPIC_STUB, "QVAL-not-logged", token] {
+    let encoded_stub = every_byte_encoded(ANTHROPIC_STUB);
+    for forbidden in [ANTHROPIC_REAL, ANTHROPIC_STUB, &encoded_stub, "QVAL-not-logged", token] {
         assert!(!stdout.contains(forbidden), "{forbidden:?} in the logs");
     }
+    assert!(
+        stdout.contains("<ANTHROPIC_API_KEY>"),
+        "the audit lines name the secret in the path"
+    );
+}
+
+/// `text` with every byte percent-encoded (`%73%6B…`), unreserved ones too.
+fn every_byte_encoded(text: &str) -> String {
+    text.bytes().map(|b| format!("%{b:02X}")).collect()
 }
 
 async fn get_status(admin: std::net::SocketAddr, path: &str) -> u16 {

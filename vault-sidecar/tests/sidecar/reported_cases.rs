@@ -1,7 +1,7 @@
 //! Regression cases K01–K12 from `shared/cases/proxy-cases.md`, each asserting the correct behaviour with a real
 //! client over loopback. See `support/` for the upstream stand-in and the sidecar launcher.
 
-mod support;
+use crate::support;
 
 use std::time::Duration;
 

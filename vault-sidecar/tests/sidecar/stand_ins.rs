@@ -2,7 +2,7 @@
 //! WebSocket echo answer correctly to direct clients. When a sidecar test fails and these pass, the fault is
 //! in the path through the sidecar, not in the harness.
 
-mod support;
+use crate::support;
 
 use std::time::Duration;
 

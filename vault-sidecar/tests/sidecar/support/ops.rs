@@ -1,4 +1,4 @@
-//! Support for the operator and bad-input suites (tests/operator.rs, tests/bad_input.rs).
+//! Support for the operating and limits modules (`operating.rs`, `limits.rs`).
 //!
 //! - [`Scripted`]: a second TLS upstream whose routes misbehave on purpose: it reflects the (real) value it
 //!   received into a response header and body, splits a real value across SSE chunks and waits for the
@@ -10,14 +10,13 @@
 //! - [`eventually`]: polls a condition with a deadline.
 
 use std::convert::Infallible;
-use std::future::Future;
 use std::io;
 use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use bytes::Bytes;
 use http_body_util::combinators::UnsyncBoxBody;
@@ -38,21 +37,7 @@ type Body = UnsyncBoxBody<Bytes, io::Error>;
 /// Hosts the scripted upstream's certificate covers (plus IP 127.0.0.1).
 pub const SCRIPTED_HOSTS: [&str; 3] = ["api.anthropic.com", "api.github.com", "attacker.example"];
 
-/// Polls `f` every 50 ms until it yields `Some`, panicking with `what` after `limit`.
-pub async fn eventually<T, F, Fut>(limit: Duration, what: &str, mut f: F) -> T
-where
-    F: FnMut() -> Fut,
-    Fut: Future<Output = Option<T>>,
-{
-    let deadline = Instant::now() + limit;
-    loop {
-        if let Some(v) = f().await {
-            return v;
-        }
-        assert!(Instant::now() < deadline, "not within {limit:?}: {what}");
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
-}
+pub use lap_test_support::eventually;
 
 /// Sum of the samples of `name` whose labels include every `(key, value)` of `labels`; `None` when no
 /// series matches. `name` is the full sample name (e.g. `vault_injections_total`).

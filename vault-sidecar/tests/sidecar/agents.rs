@@ -10,9 +10,8 @@
 //!
 //! The CLIs are required: a missing one fails the test with the install command (.ci/run installs them).
 
-mod support;
+use crate::support;
 
-#[path = "agents/standin.rs"]
 mod standin;
 
 use std::path::{Path, PathBuf};
