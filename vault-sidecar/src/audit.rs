@@ -13,6 +13,7 @@ use std::sync::{Arc, Mutex, OnceLock};
 use serde::Serialize;
 
 use crate::logwriter::BatchWriter;
+use crate::rewrite::MAX_DECODES;
 use crate::secrets::SecretSet;
 
 /// How many events `GET /interceptions` keeps.
@@ -71,9 +72,6 @@ pub(crate) fn path_without_query_values(pq: &str) -> String {
     }
 }
 
-/// How many times a path is percent-decoded looking for a stub (`%25` hides a level each).
-const MAX_DECODES: usize = 4;
-
 /// The path an audit event keeps: [`path_without_query_values`], and no stub. A stub in a path
 /// segment or a query name, as written or percent-encoded (up to [`MAX_DECODES`] levels), is
 /// replaced by `<NAME>` of its secret; such a path is shown decoded. Without a stub the path is
@@ -101,7 +99,9 @@ pub(crate) fn audit_path(pq: &str, secrets: &SecretSet) -> String {
         if !form.contains('%') {
             break;
         }
-        let decoded = percent_encoding::percent_decode_str(&form).decode_utf8_lossy().into_owned();
+        let decoded = percent_encoding::percent_decode_str(&form)
+            .decode_utf8_lossy()
+            .into_owned();
         if decoded == form {
             break;
         }
@@ -250,7 +250,10 @@ mod tests {
             assert_eq!(got, want, "{pq}");
             assert!(!got.contains("lapstub-bot-1234"), "{pq} → {got}");
         }
-        assert_eq!(audit_path("/botlapstub-bot-1234", &SecretSet::empty()), "/botlapstub-bot-1234");
+        assert_eq!(
+            audit_path("/botlapstub-bot-1234", &SecretSet::empty()),
+            "/botlapstub-bot-1234"
+        );
     }
 
     #[test]
