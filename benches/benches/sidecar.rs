@@ -9,8 +9,8 @@ use std::sync::Arc;
 use bytes::Bytes;
 use criterion::{criterion_group, criterion_main, Criterion, Throughput};
 use lap_benches::pki::UpstreamPki;
+use lap_vault_sidecar::{Binding, BindingSet, TargetHost};
 use lap_vault_sidecar::{Ca, LeafCache};
-use lap_vault_sidecar::{HostPattern, HostSet, TargetHost};
 use lap_vault_sidecar::{HostRules, Injections};
 use lap_vault_sidecar::{Location, LocationSet, Secret, SecretSet};
 
@@ -22,7 +22,7 @@ fn secrets() -> SecretSet {
         name: name.into(),
         stub: stub.into(),
         value: value.into(),
-        hosts: HostSet(vec![host.parse::<HostPattern>().expect("host")]),
+        hosts: BindingSet(vec![host.parse::<Binding>().expect("host")]),
         locations,
     };
     SecretSet::new(vec![
@@ -80,7 +80,7 @@ fn rewriting(c: &mut Criterion) {
     let host = TargetHost::parse("api.anthropic.com");
     c.bench_function("header_rewrite_hit", |b| {
         b.iter(|| {
-            let rules = HostRules::new(&set, &host);
+            let rules = HostRules::new(&set, &host, 443);
             let mut inj = Injections::default();
             black_box(
                 rules
@@ -90,7 +90,7 @@ fn rewriting(c: &mut Criterion) {
         })
     });
     c.bench_function("header_rewrite_miss", |b| {
-        let rules = HostRules::new(&set, &host);
+        let rules = HostRules::new(&set, &host, 443);
         b.iter(|| black_box(rules.header_value(b"application/json; charset=utf-8", &mut Injections::default())))
     });
 
@@ -101,7 +101,7 @@ fn rewriting(c: &mut Criterion) {
     });
     let mut group = c.benchmark_group("body_rewrite");
     group.throughput(Throughput::Bytes(chunk.len() as u64));
-    let rules = HostRules::new(&set, &host);
+    let rules = HostRules::new(&set, &host, 443);
     group.bench_function("stream_16k_chunk", |b| {
         let mut rw = rules.body_rewriter().expect("rewriter");
         b.iter(|| black_box(rw.push(chunk.clone())))
@@ -161,7 +161,7 @@ fn request(c: &mut Criterion) {
         name = "ANTHROPIC_API_KEY"
         stub = "{STUB}"
         value = "{REAL}"
-        hosts = ["localhost"]
+        hosts = ["localhost:{port}"]
         "#
     ))
     .expect("sidecar config");

@@ -4,7 +4,7 @@
 
 use bytes::Bytes;
 use lap_vault_sidecar::HostRules;
-use lap_vault_sidecar::{HostPattern, HostSet, TargetHost};
+use lap_vault_sidecar::{Binding, BindingSet, TargetHost};
 use lap_vault_sidecar::{Location, LocationSet, Secret, SecretSet};
 
 fn main() {
@@ -34,12 +34,12 @@ fn main() {
             name: name.into(),
             stub: stub.into(),
             value: value.into(),
-            hosts: HostSet(vec!["api.anthropic.com".parse::<HostPattern>().expect("host")]),
+            hosts: BindingSet(vec!["api.anthropic.com".parse::<Binding>().expect("host")]),
             locations,
         })
         .collect(),
     );
-    let rules = HostRules::new(&set, &TargetHost::parse("api.anthropic.com"));
+    let rules = HostRules::new(&set, &TargetHost::parse("api.anthropic.com"), 443);
     let mut rw = rules.body_rewriter().expect("rewriter");
     let chunk = Bytes::from(
         b"{\"type\":\"content_block_delta\",\"delta\":{\"type\":\"text_delta\",\"text\":\"fn main() { skip(); }\"}}\n"

@@ -6,7 +6,7 @@
 
 use std::collections::BTreeMap;
 
-use lap_vault_config::{HostPattern, MIN_VALUE_LEN};
+use lap_vault_config::MIN_VALUE_LEN;
 use rand::Rng;
 
 /// At most this many keys per session.
@@ -229,13 +229,14 @@ pub fn builtin_hosts(key: &str) -> Option<&'static [&'static str]> {
     BUILTIN_HOSTS.iter().find(|(k, _)| *k == key).map(|(_, h)| *h)
 }
 
-/// Check explicit host patterns for `field`.
+/// Check the hosts a value may be sent to (`field`): each a host pattern with its port, 443
+/// unless written (`api.example.com`, `git.example.com:8443`).
 pub fn validate_hosts(field: &str, hosts: &[String]) -> Result<(), EnvVarError> {
     if hosts.is_empty() {
         return Err(err(field, "must list at least one host"));
     }
     for (i, h) in hosts.iter().enumerate() {
-        h.parse::<HostPattern>()
+        h.parse::<lap_vault_config::Binding>()
             .map_err(|e| err(format!("{field}[{i}]"), e.to_string()))?;
     }
     Ok(())

@@ -13,7 +13,7 @@ use std::path::{Path, PathBuf};
 use serde::{Deserialize, Serialize};
 
 use crate::egress::{own_interface_addresses, AddressPolicy, EgressPolicy};
-use crate::hosts::{HostPattern, HostSet};
+use crate::hosts::{Binding, BindingSet, HostPattern, HostSet};
 use crate::secret::{Location, LocationSet, Secret};
 
 /// Default explicit-proxy listen address.
@@ -449,7 +449,7 @@ impl Settings {
 
         let mut bound = HostSet::default();
         for s in &secrets {
-            bound.0.extend(s.hosts.0.iter().cloned());
+            bound.0.extend(s.hosts.hosts().cloned());
         }
         let deny = HostSet(deny);
         let addresses = AddressPolicy::new(
@@ -536,6 +536,19 @@ fn patterns(problems: &mut Problems, key: &str, raw: &[String]) -> Vec<HostPatte
         .enumerate()
         .filter_map(|(i, s)| match s.parse::<HostPattern>() {
             Ok(p) => Some(p),
+            Err(e) => {
+                problems.add(format!("{key}[{i}]"), e.to_string());
+                None
+            }
+        })
+        .collect()
+}
+
+fn bindings(problems: &mut Problems, key: &str, raw: &[String]) -> Vec<Binding> {
+    raw.iter()
+        .enumerate()
+        .filter_map(|(i, s)| match s.parse::<Binding>() {
+            Ok(b) => Some(b),
             Err(e) => {
                 problems.add(format!("{key}[{i}]"), e.to_string());
                 None
@@ -672,7 +685,7 @@ fn validate_secrets(
                 "required: at least one host the secret may be sent to",
             );
         }
-        let hosts = patterns(problems, &format!("{key}.hosts"), &spec.hosts);
+        let hosts = bindings(problems, &format!("{key}.hosts"), &spec.hosts);
         let mut locations = LocationSet::default();
         match &spec.locations {
             None => locations.insert(Location::Header),
@@ -692,7 +705,7 @@ fn validate_secrets(
                     name: spec.name.clone(),
                     stub: spec.stub.clone(),
                     value,
-                    hosts: HostSet(hosts),
+                    hosts: BindingSet(hosts),
                     locations,
                 });
             }

@@ -224,9 +224,143 @@ impl HostSet {
     }
 }
 
+/// The port a [`Binding`] without one names: HTTPS.
+pub const DEFAULT_BINDING_PORT: u16 = 443;
+
+/// Where a secret may be sent: a [`HostPattern`] and one port (W08: a binding to
+/// `api.example.com` is for `:443`, not for every service the host runs).
+///
+/// Written `PATTERN` (port 443) or `PATTERN:PORT`; an IPv6 address or block takes brackets
+/// before a port (`[fd00::1]:8443`, `[fd00::/8]:8443`). Without brackets a pattern with more
+/// than one `:` is an IPv6 address with no port.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Binding {
+    pub host: HostPattern,
+    pub port: u16,
+}
+
+/// Why a binding was rejected.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum BindingError {
+    #[error(transparent)]
+    Host(#[from] HostPatternError),
+    #[error("`{0}`: the port must be a number from 1 to 65535")]
+    Port(String),
+}
+
+impl FromStr for Binding {
+    type Err = BindingError;
+
+    fn from_str(raw: &str) -> Result<Self, Self::Err> {
+        let s = raw.trim();
+        let (host, port) = if let Some(rest) = s.strip_prefix('[') {
+            match rest.split_once(']') {
+                Some((inside, "")) => (inside, None),
+                Some((inside, tail)) => match tail.strip_prefix(':') {
+                    Some(port) => (inside, Some(port)),
+                    None => return Err(HostPatternError::Invalid(raw.to_owned()).into()),
+                },
+                None => return Err(HostPatternError::Invalid(raw.to_owned()).into()),
+            }
+        } else {
+            match s.split_once(':') {
+                Some((host, port)) if !port.contains(':') => (host, Some(port)),
+                _ => (s, None),
+            }
+        };
+        let port = match port {
+            None => DEFAULT_BINDING_PORT,
+            Some(p) => match p.parse::<u16>() {
+                Ok(n) if n > 0 => n,
+                _ => return Err(BindingError::Port(raw.to_owned())),
+            },
+        };
+        Ok(Self {
+            host: host.parse()?,
+            port,
+        })
+    }
+}
+
+impl fmt::Display for Binding {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let v6 = matches!(
+            &self.host,
+            HostPattern::Ip(IpAddr::V6(_)) | HostPattern::Cidr(IpNet::V6(_))
+        );
+        match (self.port, v6) {
+            (DEFAULT_BINDING_PORT, _) => write!(f, "{}", self.host),
+            (port, true) => write!(f, "[{}]:{port}", self.host),
+            (port, false) => write!(f, "{}:{port}", self.host),
+        }
+    }
+}
+
+impl Binding {
+    /// Whether a request to `host:port` (the CONNECT target) is within this binding.
+    pub fn matches(&self, host: &TargetHost, port: u16) -> bool {
+        self.port == port && self.host.matches_target(host)
+    }
+}
+
+/// The bindings of one secret; matches when any of them does.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct BindingSet(pub Vec<Binding>);
+
+impl BindingSet {
+    pub fn matches(&self, host: &TargetHost, port: u16) -> bool {
+        self.0.iter().any(|b| b.matches(host, port))
+    }
+
+    /// The host patterns, ports aside (the egress policy decides on hosts).
+    pub fn hosts(&self) -> impl Iterator<Item = &HostPattern> {
+        self.0.iter().map(|b| &b.host)
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_binding_is_for_one_port_443_unless_written() {
+        let b = |s: &str| s.parse::<Binding>().expect(s);
+        let host = TargetHost::parse("api.example.test");
+        // W08: bound to api.example.test, so :443 and nothing else.
+        assert!(b("api.example.test").matches(&host, 443));
+        assert!(!b("api.example.test").matches(&host, 444));
+        assert!(b("api.example.test:444").matches(&host, 444));
+        assert!(!b("api.example.test:444").matches(&host, 443));
+        assert!(b("*.example.test:8443").matches(&TargetHost::parse("a.example.test"), 8443));
+        assert_eq!(b("10.0.0.0/8:8443").port, 8443);
+        assert!(b("10.0.0.0/8:8443").matches(&TargetHost::parse("10.1.2.3"), 8443));
+        assert_eq!(b("fd00::1").port, 443, "an IPv6 address without brackets has no port");
+        assert!(b("[fd00::1]:8443").matches(&TargetHost::parse("[fd00::1]"), 8443));
+        assert!(b("[fd00::/8]:8443").matches(&TargetHost::parse("fd00::5"), 8443));
+        assert_eq!(b("[fd00::1]").port, 443);
+        for (s, shown) in [
+            ("api.example.test", "api.example.test"),
+            ("api.example.test:8443", "api.example.test:8443"),
+            ("[fd00::1]:8443", "[fd00::1]:8443"),
+            ("*:80", "*:80"),
+        ] {
+            assert_eq!(b(s).to_string(), shown);
+            assert_eq!(b(&b(s).to_string()), b(s), "{s} round-trips");
+        }
+        for bad in [
+            "api.example.test:0",
+            "api.example.test:65536",
+            "api.example.test:x",
+            "[fd00::1]x",
+            "[fd00::1",
+        ] {
+            assert!(bad.parse::<Binding>().is_err(), "{bad}");
+        }
+        assert!(matches!(
+            "bad host:443".parse::<Binding>(),
+            Err(BindingError::Host(HostPatternError::Invalid(_)))
+        ));
+    }
 
     fn p(s: &str) -> HostPattern {
         s.parse().expect(s)

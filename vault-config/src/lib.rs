@@ -27,5 +27,8 @@ pub use config::{
 pub use egress::{
     canonical, is_host_local, own_interface_addresses, AddressDenial, AddressPolicy, EgressDecision, EgressPolicy,
 };
-pub use hosts::{is_valid_dns_name, parse_ip, HostPattern, HostPatternError, HostSet, TargetHost};
+pub use hosts::{
+    is_valid_dns_name, parse_ip, Binding, BindingError, BindingSet, HostPattern, HostPatternError, HostSet, TargetHost,
+    DEFAULT_BINDING_PORT,
+};
 pub use secret::{Location, LocationSet, Secret};

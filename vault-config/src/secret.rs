@@ -4,7 +4,7 @@
 use std::fmt;
 use std::str::FromStr;
 
-use crate::hosts::HostSet;
+use crate::hosts::BindingSet;
 
 /// Where in a request a stub may be swapped.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
@@ -71,7 +71,8 @@ pub struct Secret {
     pub name: String,
     pub stub: String,
     pub value: String,
-    pub hosts: HostSet,
+    /// Where it may be sent: host patterns, each with its port (443 unless written).
+    pub hosts: BindingSet,
     pub locations: LocationSet,
 }
 

@@ -222,12 +222,12 @@ mod tests {
     }
 
     fn secrets() -> SecretSet {
-        use crate::config::{HostSet, LocationSet, Secret};
+        use crate::config::{BindingSet, LocationSet, Secret};
         SecretSet::new(vec![Secret {
             name: "BOT_TOKEN".into(),
             stub: "lapstub-bot-1234".into(),
             value: "real-bot-value-9876".into(),
-            hosts: HostSet(vec!["api.example.com".parse().expect("pattern")]),
+            hosts: BindingSet(vec!["api.example.com".parse().expect("binding")]),
             locations: LocationSet::default(),
         }])
     }

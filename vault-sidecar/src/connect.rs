@@ -88,7 +88,7 @@ pub fn is_self(target: &Target, own: &[SocketAddr]) -> bool {
 pub(crate) fn should_intercept(mode: InterceptMode, secrets: &SecretSet, target: &Target) -> bool {
     match mode {
         InterceptMode::All => true,
-        InterceptMode::BoundHosts => secrets.has_secret_for(&target.host),
+        InterceptMode::BoundHosts => secrets.has_secret_for(&target.host, target.port),
     }
 }
 

@@ -40,7 +40,7 @@ mod ws;
 
 /// The configuration types and their validation (the `lap-vault-config` crate).
 pub use lap_vault_config as config;
-pub use lap_vault_config::{AddressDenial, AddressPolicy, HostPattern, HostSet, TargetHost};
+pub use lap_vault_config::{AddressDenial, AddressPolicy, Binding, BindingSet, HostPattern, HostSet, TargetHost};
 
 pub use audit::write_lines_to as write_audit_lines_to;
 pub use connect::{is_self, parse_target, Target, TargetError};

@@ -384,8 +384,7 @@ pub async fn run_with(settings: Settings, inherited: Inherited) -> Result<(), St
     for secret in proxy.secrets().secrets() {
         if secret
             .hosts
-            .0
-            .iter()
+            .hosts()
             .any(|h| matches!(h, crate::config::HostPattern::Any))
         {
             tracing::warn!(secret = %secret.name, "secret is bound to every host (`*`)");

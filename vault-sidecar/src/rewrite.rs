@@ -53,10 +53,11 @@ pub struct HostRules<'a> {
 }
 
 impl<'a> HostRules<'a> {
-    pub fn new(set: &'a SecretSet, host: &TargetHost) -> Self {
+    /// The rules toward the CONNECT target `host:port`.
+    pub fn new(set: &'a SecretSet, host: &TargetHost, port: u16) -> Self {
         Self {
             set,
-            bound: set.binding_for(host),
+            bound: set.binding_for(host, port),
         }
     }
 
@@ -397,7 +398,7 @@ impl StreamRewriter {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::config::{HostPattern, HostSet};
+    use crate::config::BindingSet;
     use crate::config::{LocationSet, Secret};
     use aho_corasick::{AhoCorasickBuilder, MatchKind};
     use proptest::prelude::*;
@@ -411,12 +412,7 @@ mod tests {
             name: name.into(),
             stub: stub.into(),
             value: value.into(),
-            hosts: HostSet(
-                hosts
-                    .iter()
-                    .map(|h| h.parse::<HostPattern>().expect("pattern"))
-                    .collect(),
-            ),
+            hosts: BindingSet(hosts.iter().map(|h| h.parse().expect("binding")).collect()),
             locations,
         }
     }
@@ -447,7 +443,7 @@ mod tests {
     #[test]
     fn header_stub_is_swapped_for_bound_host() {
         let set = set();
-        let rules = HostRules::new(&set, &host("api.anthropic.com"));
+        let rules = HostRules::new(&set, &host("api.anthropic.com"), 443);
         let mut inj = Injections::default();
         let out = rules
             .header_value(b"Bearer sk-ant-STUB-aaaa", &mut inj)
@@ -460,7 +456,7 @@ mod tests {
     #[test]
     fn stub_repeated_in_one_value_is_swapped_everywhere() {
         let set = set();
-        let rules = HostRules::new(&set, &host("api.anthropic.com"));
+        let rules = HostRules::new(&set, &host("api.anthropic.com"), 443);
         let mut inj = Injections::default();
         let out = rules
             .header_value(b"sk-ant-STUB-aaaa,sk-ant-STUB-aaaa", &mut inj)
@@ -473,7 +469,7 @@ mod tests {
     #[test]
     fn stub_for_unbound_host_is_exfiltration() {
         let set = set();
-        let rules = HostRules::new(&set, &host("api.github.com"));
+        let rules = HostRules::new(&set, &host("api.github.com"), 443);
         let err = rules
             .header_value(b"x sk-ant-STUB-aaaa", &mut Injections::default())
             .expect_err("blocked");
@@ -489,7 +485,7 @@ mod tests {
     #[test]
     fn header_without_stub_is_untouched() {
         let set = set();
-        let rules = HostRules::new(&set, &host("api.anthropic.com"));
+        let rules = HostRules::new(&set, &host("api.anthropic.com"), 443);
         assert_eq!(
             rules.header_value(b"application/json", &mut Injections::default()),
             Ok(None)
@@ -499,7 +495,7 @@ mod tests {
     #[test]
     fn basic_auth_is_decoded_swapped_and_reencoded() {
         let set = set();
-        let rules = HostRules::new(&set, &host("github.com"));
+        let rules = HostRules::new(&set, &host("github.com"), 443);
         let header = format!("Basic {}", BASE64.encode("x-access-token:ghp_STUBbbbbbbbb"));
         let mut inj = Injections::default();
         let out = rules
@@ -516,7 +512,7 @@ mod tests {
     #[test]
     fn basic_auth_with_unbound_stub_is_exfiltration() {
         let set = set();
-        let rules = HostRules::new(&set, &host("evil.example"));
+        let rules = HostRules::new(&set, &host("evil.example"), 443);
         let header = format!("basic {}", BASE64.encode("x:ghp_STUBbbbbbbbb"));
         assert!(rules
             .header_value(header.as_bytes(), &mut Injections::default())
@@ -526,7 +522,7 @@ mod tests {
     #[test]
     fn basic_auth_that_is_not_base64_is_left_alone() {
         let set = set();
-        let rules = HostRules::new(&set, &host("github.com"));
+        let rules = HostRules::new(&set, &host("github.com"), 443);
         assert_eq!(
             rules.header_value(b"Basic !!!not-base64", &mut Injections::default()),
             Ok(None)
@@ -536,7 +532,7 @@ mod tests {
     #[test]
     fn query_is_swapped_only_when_allowed() {
         let set = set();
-        let gh = HostRules::new(&set, &host("api.github.com"));
+        let gh = HostRules::new(&set, &host("api.github.com"), 443);
         let mut inj = Injections::default();
         let out = gh
             .path_and_query("/repos?access_token=ghp_STUBbbbbbbbb&x=1", &mut inj)
@@ -544,7 +540,7 @@ mod tests {
         assert_eq!(out.as_deref(), Some("/repos?access_token=ghp_REAL22222222&x=1"));
         assert_eq!(inj.0, vec![(1, Location::Query)]);
 
-        let an = HostRules::new(&set, &host("api.anthropic.com"));
+        let an = HostRules::new(&set, &host("api.anthropic.com"), 443);
         let out = an
             .path_and_query("/v1?key=sk-ant-STUB-aaaa", &mut Injections::default())
             .expect("ok");
@@ -554,7 +550,7 @@ mod tests {
     #[test]
     fn stub_in_path_to_unbound_host_is_exfiltration() {
         let set = set();
-        let rules = HostRules::new(&set, &host("evil.example"));
+        let rules = HostRules::new(&set, &host("evil.example"), 443);
         assert!(rules
             .path_and_query("/leak/ghp_STUBbbbbbbbb", &mut Injections::default())
             .is_err());
@@ -565,7 +561,7 @@ mod tests {
     fn encoded_stubs_to_an_unbound_host_are_exfiltration() {
         use base64::engine::general_purpose::{STANDARD, URL_SAFE_NO_PAD};
         let set = set();
-        let rules = HostRules::new(&set, &host("evil.example"));
+        let rules = HostRules::new(&set, &host("evil.example"), 443);
         let stub = "sk-ant-STUB-aaaa";
         let every_byte: String = stub.bytes().map(|b| format!("%{b:02x}")).collect();
         let twice: String = every_byte.replace('%', "%25");
@@ -593,7 +589,7 @@ mod tests {
         assert!(rules.header_name("x-sk-ant-stub-aaaa").is_err());
         assert!(rules.header_name("x-api-key").is_ok());
         // Toward its bound host an encoded stub is neither swapped nor refused.
-        let bound = HostRules::new(&set, &host("api.anthropic.com"));
+        let bound = HostRules::new(&set, &host("api.anthropic.com"), 443);
         let encoded = STANDARD.encode(stub);
         assert_eq!(
             bound.header_value(encoded.as_bytes(), &mut Injections::default()),
@@ -611,10 +607,10 @@ mod tests {
     #[test]
     fn body_rewriter_exists_only_when_body_is_allowed() {
         let set = set();
-        assert!(HostRules::new(&set, &host("api.anthropic.com"))
+        assert!(HostRules::new(&set, &host("api.anthropic.com"), 443)
             .body_rewriter()
             .is_none());
-        let mut rw = HostRules::new(&set, &host("github.com"))
+        let mut rw = HostRules::new(&set, &host("github.com"), 443)
             .body_rewriter()
             .expect("rewriter");
         let mut out = rw.push(Bytes::from_static(b"{\"t\":\"ghp_STUB"));

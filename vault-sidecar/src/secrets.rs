@@ -227,7 +227,7 @@ impl SecretSet {
             }
         }
         let encoded_stubs = Finder::new(&encoded_stubs).map(Arc::new);
-        let bound = HostSet(secrets.iter().flat_map(|s| s.hosts.0.iter().cloned()).collect());
+        let bound = HostSet(secrets.iter().flat_map(|s| s.hosts.hosts().cloned()).collect());
         let stub_bytes = secrets.iter().map(|s| Bytes::from(s.stub.clone())).collect();
         Self {
             secrets,
@@ -289,19 +289,19 @@ impl SecretSet {
         (&self.redact_values, &self.redact_stubs)
     }
 
-    /// Every host pattern some secret is bound to.
+    /// Every host pattern some secret is bound to, ports aside (the egress policy's view).
     pub fn bound_hosts(&self) -> &HostSet {
         &self.bound
     }
 
-    /// Whether any secret is bound to this host (decides interception in `bound-hosts` mode).
-    pub fn has_secret_for(&self, host: &TargetHost) -> bool {
-        self.bound.matches(host)
+    /// Whether any secret is bound to `host:port` (decides interception in `bound-hosts` mode).
+    pub fn has_secret_for(&self, host: &TargetHost, port: u16) -> bool {
+        self.secrets.iter().any(|s| s.hosts.matches(host, port))
     }
 
-    /// Which secrets are bound to `host`, by index.
-    pub fn binding_for(&self, host: &TargetHost) -> Vec<bool> {
-        self.secrets.iter().map(|s| s.hosts.matches(host)).collect()
+    /// Which secrets are bound to `host:port`, by index.
+    pub fn binding_for(&self, host: &TargetHost, port: u16) -> Vec<bool> {
+        self.secrets.iter().map(|s| s.hosts.matches(host, port)).collect()
     }
 }
 

@@ -316,7 +316,7 @@ where
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::config::HostSet;
+    use crate::config::BindingSet;
     use crate::config::{Location, LocationSet, Secret};
     use std::sync::Arc;
 
@@ -330,7 +330,7 @@ mod tests {
             name: "ws".into(),
             stub: STUB.into(),
             value: REAL.into(),
-            hosts: HostSet(vec!["ws.example".parse().expect("pattern")]),
+            hosts: BindingSet(vec!["ws.example".parse().expect("binding")]),
             locations,
         }]))
     }

@@ -47,7 +47,7 @@ fuzz_target!(|data: &[u8]| {
     };
     let h = (sel % 3) as usize;
     let host = TargetHost::parse(HOSTS[h]);
-    let rules = HostRules::new(set(), &host);
+    let rules = HostRules::new(set(), &host, 443);
     let value = expand(rest);
 
     // Plain header value. (Without a Basic prefix, base64 decoding never runs when `value` is not

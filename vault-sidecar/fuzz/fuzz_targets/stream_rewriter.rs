@@ -54,7 +54,7 @@ fuzz_target!(|data: &[u8]| {
     assert_eq!(chunked, want, "chunked redaction differs from one-shot (cuts {cuts:?})");
 
     // Request body swap toward api.anthropic.com: only BODY_TOKEN's stub is replaced.
-    let rules = HostRules::new(set(), &TargetHost::parse(HOSTS[0]));
+    let rules = HostRules::new(set(), &TargetHost::parse(HOSTS[0]), 443);
     let stub_pats: Vec<&[u8]> = SECRETS.iter().map(|s| s.1.as_bytes()).collect();
     let reps: Vec<Option<&[u8]>> = SECRETS
         .iter()

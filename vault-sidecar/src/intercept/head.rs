@@ -186,7 +186,7 @@ pub(crate) fn content_length(headers: &http::HeaderMap) -> Option<u64> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::config::HostSet;
+    use crate::config::BindingSet;
     use crate::config::{Location, LocationSet, Secret};
     use crate::connect::parse_target;
 
@@ -202,7 +202,7 @@ mod tests {
             name: "anthropic".into(),
             stub: STUB.into(),
             value: REAL.into(),
-            hosts: HostSet(vec!["api.anthropic.com".parse().expect("pattern")]),
+            hosts: BindingSet(vec!["api.anthropic.com".parse().expect("binding")]),
             locations,
         }])
     }
@@ -257,7 +257,7 @@ mod tests {
     fn the_request_head_is_swapped_toward_its_host_and_stripped_of_hop_by_hop_fields() {
         let set = set();
         let t = target("api.anthropic.com");
-        let rules = HostRules::new(&set, &t.host);
+        let rules = HostRules::new(&set, &t.host, t.port);
         let authority: http::uri::Authority = "api.anthropic.com".parse().expect("authority");
         let mut parts = request(
             &format!("/v1/messages?key={STUB}"),
@@ -293,7 +293,7 @@ mod tests {
     fn a_stub_toward_another_host_is_a_block_naming_its_secret() {
         let set = set();
         let t = target("attacker.example");
-        let rules = HostRules::new(&set, &t.host);
+        let rules = HostRules::new(&set, &t.host, t.port);
         let authority: http::uri::Authority = "attacker.example".parse().expect("authority");
         let mut parts = request("/", &[("authorization", &format!("Bearer {STUB}"))]);
         let err = rewrite_request(

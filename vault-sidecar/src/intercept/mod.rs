@@ -183,7 +183,7 @@ impl Tunnel {
         }
         // Rewrite the head (before any body byte moves).
         let secrets = ctx.secrets.clone();
-        let rules = HostRules::new(&secrets, &self.target.host);
+        let rules = HostRules::new(&secrets, &self.target.host, self.target.port);
         head::rewrite_request(
             &mut parts,
             &rules,

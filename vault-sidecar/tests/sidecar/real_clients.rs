@@ -1117,17 +1117,82 @@ async fn ipv6_connect_target_is_intercepted_and_swapped() {
     h.assert_logs_clean();
 }
 
+/// The upstream address the standard config sends `api.anthropic.com:443` to.
+fn standard_tls_addr(c: &SidecarConfig) -> String {
+    c.resolve
+        .iter()
+        .find(|(k, _)| k == "api.anthropic.com:443")
+        .map(|(_, v)| v.clone())
+        .expect("standard resolve entry")
+}
+
+/// W08: a secret bound to `api.anthropic.com` is bound to its port 443. Toward `:444` of the
+/// same host its stub is not swapped: intercepting every host, it is refused as a stub to an
+/// unbound target; in `bound-hosts` mode `:444` is not intercepted at all.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_binding_is_for_its_port_only() {
+    for intercept in ["all", "bound-hosts"] {
+        let h = Harness::start(Alpn::Both, |c| {
+            let tls = standard_tls_addr(c);
+            c.resolve.push(("api.anthropic.com:444".to_string(), tls));
+            c.intercept = Some(intercept.into());
+        })
+        .await;
+        let out = h
+            .sidecar
+            .curl()
+            .arg("-H")
+            .arg(format!("x-api-key: {ANTHROPIC_STUB}"))
+            .arg("https://api.anthropic.com:444/echo")
+            .run()
+            .await;
+        assert!(
+            !h.upstream.saw(ANTHROPIC_REAL),
+            "{intercept}: the real key reached :444"
+        );
+        if intercept == "all" {
+            let out = out.ok();
+            assert_eq!(out.status, 403, "{}", out.body_text());
+            assert_eq!(out.header("x-vault-blocked"), Some("stub-exfiltration"));
+            assert!(
+                h.upstream.requests_to("/echo").is_empty(),
+                "{:#?}",
+                h.upstream.requests()
+            );
+        } else {
+            // Tunnelled: curl meets the upstream's own certificate, which it does not trust
+            // (exit 60), so the request never gets a stub swapped or sent.
+            assert_eq!(out.exit, 60, "{intercept}: {}", out.stderr);
+        }
+        // :443 of the same host still gets the real key.
+        let out = h
+            .sidecar
+            .curl()
+            .arg("-H")
+            .arg(format!("x-api-key: {ANTHROPIC_STUB}"))
+            .arg("https://api.anthropic.com/echo")
+            .run()
+            .await
+            .ok();
+        assert_eq!(out.status, 200, "{intercept}: {}", out.body_text());
+        assert!(h.upstream.saw(ANTHROPIC_REAL), "{intercept}: :443 is bound");
+        h.assert_logs_clean();
+    }
+}
+
 const IP_STUB: &str = "lapstub-ip-1f2e3d4c5b6a";
 const IP_REAL: &str = "REAL-ip-target-6a5b4c3d2e1f";
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn ip_connect_target_gets_ip_san_leaf_and_swaps() {
     let h = Harness::start(Alpn::Both, |c| {
+        // The upstream's own port: a binding is for one port (443 unless written).
+        let tls = standard_tls_addr(c);
         c.secrets.push(SecretSpec::new(
             "IP_TOKEN",
             IP_STUB,
             IP_REAL,
-            &["127.0.0.1"],
+            &[&format!("127.0.0.1:{}", tls.rsplit(':').next().expect("port"))],
             &["header"],
         ))
     })

@@ -187,7 +187,7 @@ intercept = "bound-hosts"
 name = "ANTHROPIC_API_KEY"
 stub = "{STUB_KEY}"
 value = "{REAL_KEY}"
-hosts = ["localhost", "127.0.0.1"]
+hosts = ["localhost:{upstream_port}", "127.0.0.1:{upstream_port}"]
 "#
     );
     let conf_path = dir.join("sidecar.toml");
