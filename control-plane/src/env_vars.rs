@@ -471,9 +471,9 @@ mod tests {
             vec!["github.com", "api.github.com", "*.githubusercontent.com"]
         );
         assert_eq!(b[2].hosts, vec!["api.openai.com", "chatgpt.com"]);
-        assert_eq!(check(&[("GH_TOKEN", "x")]).unwrap()[0].hosts.len(), 3);
+        assert_eq!(check(&[("GH_TOKEN", "x-value-1")]).unwrap()[0].hosts.len(), 3);
         assert_eq!(
-            check(&[("CIRCLECI_TOKEN", "x")]).unwrap()[0].hosts,
+            check(&[("CIRCLECI_TOKEN", "x-value-1")]).unwrap()[0].hosts,
             vec!["circleci.com"]
         );
     }

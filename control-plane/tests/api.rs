@@ -199,7 +199,7 @@ async fn agents_crud(h: &Harness) {
     assert_eq!(v["model"], "other");
     let agent = h.app.get_agent(&id).await.unwrap();
     assert_eq!(agent.env_vars["GITHUB_TOKEN"], "ghp_REALVALUE123");
-    assert_eq!(agent.env_vars["GH_TOKEN"], "ghp_NEW");
+    assert_eq!(agent.env_vars["GH_TOKEN"], "ghp_NEW_value");
 
     // Pagination.
     for i in 0..3 {

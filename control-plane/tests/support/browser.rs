@@ -142,19 +142,35 @@ impl Browser {
 
     /// Type into the element `css` (after clearing it).
     pub async fn fill(&self, css: &str, text: &str) {
-        let e = self.client.find(Locator::Css(css)).await.unwrap();
-        e.clear().await.unwrap();
-        e.send_keys(text).await.unwrap();
+        self.on_element(css, |e| async move {
+            e.clear().await?;
+            e.send_keys(text).await
+        })
+        .await;
     }
 
     pub async fn click(&self, css: &str) {
-        self.client
-            .find(Locator::Css(css))
-            .await
-            .unwrap()
-            .click()
-            .await
-            .unwrap();
+        self.on_element(css, |e| async move { e.click().await }).await;
+    }
+
+    /// Find `css` and act on it. The console re-renders as session state arrives, so an element
+    /// found may be replaced before the action reaches it (WebDriver's "stale element
+    /// reference", W3C WebDriver §12.1): then it is found again, up to five times.
+    async fn on_element<F, Fut>(&self, css: &str, act: F)
+    where
+        F: Fn(fantoccini::elements::Element) -> Fut,
+        Fut: std::future::Future<Output = Result<(), fantoccini::error::CmdError>>,
+    {
+        for attempt in 1..=5 {
+            let e = self.client.find(Locator::Css(css)).await.unwrap();
+            match act(e).await {
+                Ok(()) => return,
+                Err(err) if err.is_stale_element_reference() && attempt < 5 => {
+                    tokio::time::sleep(Duration::from_millis(50)).await;
+                }
+                Err(err) => panic!("{css}: {err}"),
+            }
+        }
     }
 
     pub async fn goto(&self, url: &str) {
