@@ -50,3 +50,30 @@ pub use rewrite::{redactor, HostRules, Injections, StreamRewriter};
 pub use secrets::SecretSet;
 pub use tls::{Ca, LeafCache};
 pub use transparent::{parse_hello, Hello};
+
+/// Entry points for the fuzz targets (`vault-sidecar/fuzz`), not an API.
+#[doc(hidden)]
+pub mod fuzz {
+    pub use crate::ws::{FrameError, FrameRedactor};
+
+    /// Decode `body` as a relayed response with `Content-Encoding: content_encoding` is decoded
+    /// (the codings the sidecar accepts, applied in order): the identity bytes, or why not.
+    pub async fn decode(content_encoding: &str, body: bytes::Bytes) -> Result<Vec<u8>, String> {
+        use http_body_util::BodyExt;
+        let value = http::HeaderValue::from_str(content_encoding).map_err(|e| e.to_string())?;
+        let codings = crate::decode::codings(&value)?;
+        let body = http_body_util::Full::new(body).map_err(|e| match e {}).boxed_unsync();
+        let decoded = crate::decode::decoded(body, &codings);
+        decoded
+            .collect()
+            .await
+            .map(|b| b.to_bytes().to_vec())
+            .map_err(|e| e.to_string())
+    }
+
+    /// What the sidecar offers upstream for a client's `Accept-Encoding` (`None`: no header).
+    pub fn offer(accept_encoding: &str) -> Option<String> {
+        let value = http::HeaderValue::from_str(accept_encoding).ok()?;
+        crate::decode::offer(&value).map(|v| v.to_str().unwrap_or_default().to_owned())
+    }
+}

@@ -30,7 +30,7 @@ const MAX_CONTROL: usize = 125;
 
 /// Why the upstream's byte stream is not WebSocket the sidecar can redact.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
-pub(crate) enum FrameError {
+pub enum FrameError {
     #[error("a frame with RSV bits {0:#x}: an extension the vault did not negotiate")]
     Reserved(u8),
     #[error("opcode {0:#x} is reserved (RFC 6455 §5.2)")]
@@ -55,7 +55,7 @@ struct Head {
 }
 
 /// Parses the upstream's frames and re-emits them with real values replaced by stubs.
-pub(crate) struct FrameRedactor {
+pub struct FrameRedactor {
     secrets: std::sync::Arc<SecretSet>,
     buf: BytesMut,
     head: Option<Head>,
@@ -75,7 +75,7 @@ struct Message {
 }
 
 impl FrameRedactor {
-    pub(crate) fn new(secrets: std::sync::Arc<SecretSet>) -> Self {
+    pub fn new(secrets: std::sync::Arc<SecretSet>) -> Self {
         let n = secrets.value_automaton().map_or(0, |(_, ids)| ids.len());
         Self {
             secrets,
@@ -87,12 +87,12 @@ impl FrameRedactor {
         }
     }
 
-    pub(crate) fn hits(&self) -> &[u64] {
+    pub fn hits(&self) -> &[u64] {
         &self.hits
     }
 
     /// Feed bytes from the upstream; appends the frames to send to the client to `out`.
-    pub(crate) fn push(&mut self, input: &[u8], out: &mut BytesMut) -> Result<(), FrameError> {
+    pub fn push(&mut self, input: &[u8], out: &mut BytesMut) -> Result<(), FrameError> {
         self.buf.extend_from_slice(input);
         loop {
             let Some(mut head) = self.head else {
