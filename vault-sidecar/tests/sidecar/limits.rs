@@ -539,7 +539,7 @@ async fn silent_connect_floods(rounds: usize) -> (Harness, FloodReport) {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn silent_connects_are_closed_after_the_handshake_timeout_without_leaking() {
-    let (_h, r) = silent_connect_floods(2).await;
+    let (h, r) = silent_connect_floods(2).await;
     // Bounded while they hang (~10k pending handshakes)...
     assert!(
         r.peak <= r.rss0 + 256 * 1024,
@@ -547,13 +547,23 @@ async fn silent_connects_are_closed_after_the_handshake_timeout_without_leaking(
         r.peak,
         r.rss0
     );
-    // ...and no leak: a second identical flood does not add to what the first one left.
-    assert!(
-        r.after[1] <= r.after[0] + 16 * 1024,
-        "RSS grows flood after flood: {:?} KiB (baseline {} KiB)",
-        r.after,
-        r.rss0
-    );
+    // ...and no leak: a second identical flood does not add to what the first one left. jemalloc
+    // hands freed pages back on its background threads' schedule, so the level is awaited (a leak
+    // never comes down).
+    let pid = h.sidecar.pid();
+    let bound = r.after[0] + 16 * 1024;
+    eventually(
+        Duration::from_secs(30),
+        &format!(
+            "RSS within 16 MiB of what the first flood left ({:?} KiB after each, baseline {} KiB)",
+            r.after, r.rss0
+        ),
+        || {
+            let ok = vm_rss_kib(pid) <= bound;
+            async move { ok.then_some(()) }
+        },
+    )
+    .await;
 }
 
 /// The stricter wording: memory *returns* to baseline after the flood (jemalloc's background
