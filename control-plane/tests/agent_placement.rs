@@ -10,7 +10,7 @@ mod fake_kube;
 
 use std::collections::BTreeMap;
 use std::sync::Arc;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use axum::body::Body;
 use axum::http::{Request, StatusCode};
@@ -23,6 +23,7 @@ use lap_control_plane::backend::sandbox::{PodSettings, SandboxApiVersion};
 use lap_control_plane::crypto::Cipher;
 use lap_control_plane::model::Resources;
 use lap_control_plane::store::Store;
+use lap_test_support::eventually_ok;
 use serde_json::{json, Value};
 use tower::ServiceExt;
 
@@ -195,15 +196,15 @@ async fn an_agents_resources_and_runtime_class_reach_its_pod() {
     // The session comes up (the pod is Ready at once here), then PATCH clears the class: the
     // next session's pod has the setting's.
     let ses_id = ses["id"].as_str().unwrap().to_owned();
-    let deadline = Instant::now() + Duration::from_secs(30);
-    loop {
+    eventually_ok(Duration::from_secs(30), "the session becomes ready", || async {
         let (_, v) = call(&router, "GET", &format!("{A}/sessions/{ses_id}"), None).await;
         if v["status"] == "ready" {
-            break;
+            return Ok(());
         }
-        assert!(Instant::now() < deadline && v["status"] == "creating", "{v}");
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
+        assert!(v["status"] == "creating", "{v}");
+        Err(v)
+    })
+    .await;
     let (s, v) = call(
         &router,
         "PATCH",

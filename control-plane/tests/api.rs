@@ -5,7 +5,7 @@
 #![allow(clippy::unwrap_used)]
 
 use std::sync::Arc;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use axum::body::Body;
 use axum::http::{Request, StatusCode};
@@ -15,6 +15,7 @@ use lap_control_plane::app::{App, AppConfig};
 use lap_control_plane::backend::local::{LocalBackend, LocalConfig};
 use lap_control_plane::crypto::Cipher;
 use lap_control_plane::store::Store;
+use lap_test_support::eventually_ok;
 use serde_json::{json, Value};
 use tower::ServiceExt;
 
@@ -300,15 +301,16 @@ async fn secrets_registry(h: &Harness) {
 }
 
 async fn wait_status(r: &Router, id: &str, want: &str) -> Value {
-    let deadline = Instant::now() + Duration::from_secs(30);
-    loop {
+    let what = format!("session {id} reaches {want}");
+    eventually_ok(Duration::from_secs(30), &what, || async {
         let (_, v) = call(r, "GET", &format!("{A}/sessions/{id}"), None).await;
         if v["status"] == want {
-            return v;
+            Ok(v)
+        } else {
+            Err(v)
         }
-        assert!(Instant::now() < deadline, "session never reached {want}: {v}");
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
+    })
+    .await
 }
 
 async fn sessions(h: &Harness) {

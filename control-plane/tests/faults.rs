@@ -18,6 +18,7 @@ mod support;
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
+use lap_test_support::{eventually_ok, eventually_true};
 use serde_json::{json, Value};
 use support::anthropic::StandIn;
 use support::fake_cli::path_with_fake_claude;
@@ -63,18 +64,16 @@ async fn status(server: &LapServer, sid: &str) -> Value {
 }
 
 async fn wait_status(server: &LapServer, sid: &str, want: &[&str], timeout: Duration) -> Value {
-    let deadline = Instant::now() + timeout;
-    loop {
+    let what = format!("session {sid} becomes {want:?}");
+    eventually_ok(timeout, &what, || async {
         let v = status(server, sid).await;
         if want.iter().any(|w| v["status"] == *w) {
-            return v;
+            Ok(v)
+        } else {
+            Err(v)
         }
-        assert!(
-            Instant::now() < deadline,
-            "session never became {want:?} within {timeout:?}: {v}"
-        );
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
+    })
+    .await
 }
 
 /// The audit events matching `query` (`GET /api/v1/audit?…`).
@@ -350,38 +349,40 @@ async fn p04_delete_of_a_creating_session_ends_its_processes_within_1s() {
     // Its sandbox is up (the outer bubblewrap, the sandbox's init, the sidecar) and the harness
     // is cloning.
     let private = server.private_dir(&sid);
-    let deadline = Instant::now() + Duration::from_secs(30);
-    let pids = loop {
+    let pids = eventually_ok(Duration::from_secs(30), "the sandbox starts cloning", || async {
         let pids = sandbox_pids(&private);
         let v = status(&server, &sid).await;
         if pids.len() == 3 && pids.iter().all(|p| exists(*p)) && v["phase"] == "cloning_repo" {
-            break pids;
+            Ok(pids)
+        } else {
+            Err(format!("{pids:?} {v}"))
         }
-        assert!(
-            Instant::now() < deadline,
-            "the sandbox never started cloning: {pids:?} {v}"
-        );
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    };
+    })
+    .await;
     let harness = support::server::sandbox_harness_pid(&private);
     let all: Vec<i32> = pids.iter().copied().chain([harness]).collect();
     assert_eq!(status(&server, &sid).await["status"], "creating");
 
     let (s, v) = server.call("DELETE", &format!("{A}/sessions/{sid}"), None).await;
-    let deleted_at = Instant::now();
     assert_eq!(s, 200, "{v}");
     assert_eq!(v["status"], "dead", "{v}");
-    while all.iter().any(|p| exists(*p)) {
-        assert!(
-            deleted_at.elapsed() < Duration::from_secs(1),
-            "processes of the deleted session remain: {:?}",
-            all.iter()
+    eventually_ok(
+        Duration::from_secs(1),
+        "the deleted session's processes end",
+        || async {
+            let remain: Vec<String> = all
+                .iter()
                 .filter(|p| exists(**p))
                 .map(|p| std::fs::read_to_string(format!("/proc/{p}/stat")).unwrap_or_default())
-                .collect::<Vec<_>>()
-        );
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
+                .collect();
+            if remain.is_empty() {
+                Ok(())
+            } else {
+                Err(format!("{remain:?}"))
+            }
+        },
+    )
+    .await;
     // And it stays dead (the cancelled bring-up never marks it ready or failed).
     tokio::time::sleep(Duration::from_secs(3)).await;
     let v = status(&server, &sid).await;
@@ -418,14 +419,8 @@ async fn p05_delete_of_an_agent_with_a_ready_session_is_refused_or_stops_it() {
     assert_eq!(s, 204, "{v}");
     assert_eq!(status(&server, &sid).await["status"], "dead");
     assert_eq!(server.call("GET", &format!("{A}/agents/{aid}"), None).await.0, 404);
-    let deadline = Instant::now() + Duration::from_secs(15);
-    while pids.iter().any(|p| exists(*p)) {
-        assert!(
-            Instant::now() < deadline,
-            "the stopped session's processes remain: {pids:?}"
-        );
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
+    let what = format!("the stopped session's processes end: {pids:?}");
+    eventually_true(Duration::from_secs(15), &what, || !pids.iter().any(|p| exists(*p))).await;
     let deletes = audit(&server, &format!("session_id={sid}&kind=session.delete")).await;
     assert_eq!(deletes.len(), 1, "{deletes:?}");
     assert_eq!(deletes[0]["detail"]["reason"], "agent deleted");

@@ -19,6 +19,7 @@ use fake_kube::FakeKube;
 use lap_control_plane::backend::kubernetes::KubernetesBackend;
 use lap_control_plane::backend::sandbox::{PodSettings, SandboxApiVersion};
 use lap_control_plane::backend::{BackendError, Liveness, Placement, SandboxBackend, SandboxHandle, SandboxSpec};
+use lap_test_support::{eventually, eventually_ok, eventually_true};
 use lap_vault_config::{SecretSpec, SecretsFile};
 use serde_json::{json, Value};
 
@@ -199,24 +200,24 @@ async fn create_waits_for_ready_across_a_resumed_watch() {
     // The Secret: real values, only in it, owned (not blocking) by the Sandbox.
     let secret = fake.wait_object("secrets", NS, "lap-ses-one-vault").await;
     assert!(secret_text(&secret, "secrets.json").contains("sk-ant-api03-REALVALUE-1111"));
-    let deadline = Instant::now() + Duration::from_secs(20);
-    loop {
-        let s = fake.get("secrets", NS, "lap-ses-one-vault").unwrap();
-        if let Some(owner) = s["metadata"]["ownerReferences"].get(0) {
-            assert_eq!(
-                (owner["kind"].as_str(), owner["name"].as_str()),
-                (Some("Sandbox"), Some(name))
-            );
-            assert_eq!(owner["uid"], sb["metadata"]["uid"]);
-            assert_eq!(
-                owner["blockOwnerDeletion"], false,
-                "the Role has no sandboxes/finalizers"
-            );
-            break;
-        }
-        assert!(Instant::now() < deadline, "the Secret never got its owner reference");
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
+    let owner = eventually(
+        Duration::from_secs(20),
+        "the Secret gets its owner reference",
+        || async {
+            let s = fake.get("secrets", NS, "lap-ses-one-vault").unwrap();
+            s["metadata"]["ownerReferences"].get(0).cloned()
+        },
+    )
+    .await;
+    assert_eq!(
+        (owner["kind"].as_str(), owner["name"].as_str()),
+        (Some("Sandbox"), Some(name))
+    );
+    assert_eq!(owner["uid"], sb["metadata"]["uid"]);
+    assert_eq!(
+        owner["blockOwnerDeletion"], false,
+        "the Role has no sandboxes/finalizers"
+    );
 
     // The controller made the pod and the Service; the pod is not Ready yet.
     let pod = fake.wait_pod(NS, name).await;
@@ -488,14 +489,15 @@ async fn liveness_reads_expiry_suspension_and_terminal_pods() {
     let mut sb = s.fake.get("sandboxes", NS, &name).unwrap();
     sb["spec"]["shutdownTime"] = json!("2020-01-01T00:00:00Z");
     s.fake.put("sandboxes", NS, sb);
-    let deadline = Instant::now() + Duration::from_secs(20);
-    let live = loop {
+    let live = eventually_ok(Duration::from_secs(20), "liveness leaves Running", || async {
         let l = s.backend.liveness(&h).await;
-        if l != Liveness::Running || Instant::now() > deadline {
-            break l;
+        if l != Liveness::Running {
+            Ok(l)
+        } else {
+            Err(format!("{l:?}"))
         }
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    };
+    })
+    .await;
     assert!(
         matches!(&live, Liveness::Ended(r) if r.contains("maximum lifetime")),
         "{live:?}"
@@ -792,17 +794,12 @@ async fn start_vault(dir: &std::path::Path, admin_token: &str) -> Vault {
         .kill_on_drop(true)
         .spawn()
         .unwrap();
-    let deadline = Instant::now() + Duration::from_secs(20);
-    let ready: Value = loop {
-        if let Some(v) = std::fs::read(dir.join("ready"))
+    let ready: Value = eventually(Duration::from_secs(20), "the vault starts", || async {
+        std::fs::read(dir.join("ready"))
             .ok()
             .and_then(|b| serde_json::from_slice(&b).ok())
-        {
-            break v;
-        }
-        assert!(Instant::now() < deadline, "the vault did not start");
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    };
+    })
+    .await;
     let admin: std::net::SocketAddr = ready["admin_listen"].as_str().unwrap().parse().unwrap();
     Vault {
         _child: child,
@@ -878,19 +875,12 @@ async fn a_warm_pool_serves_a_session() {
     assert_eq!(template["spec"]["networkPolicyManagement"], "Unmanaged");
     let pool = fake.wait_object("sandboxwarmpools", NS, "lap-claude-code").await;
     assert_eq!(pool["spec"]["replicas"], 1);
-    let deadline = Instant::now() + Duration::from_secs(20);
-    let warm = loop {
-        let w: Vec<Value> = fake
-            .list("sandboxes", NS)
+    let warm = eventually(Duration::from_secs(20), "a warm sandbox", || async {
+        fake.list("sandboxes", NS)
             .into_iter()
-            .filter(|s| s["metadata"]["labels"]["agents.x-k8s.io/warm-pool-sandbox"].is_string())
-            .collect();
-        if let Some(w) = w.into_iter().next() {
-            break w;
-        }
-        assert!(Instant::now() < deadline, "no warm sandbox");
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    };
+            .find(|s| s["metadata"]["labels"]["agents.x-k8s.io/warm-pool-sandbox"].is_string())
+    })
+    .await;
     let warm_name = warm["metadata"]["name"].as_str().unwrap().to_owned();
     assert!(warm_name.starts_with("lap-claude-code-"), "{warm_name}");
     for leaked in ["REALVALUE", "lapstub", "harness-token-1"] {
@@ -960,15 +950,12 @@ async fn a_warm_pool_serves_a_session() {
     assert!(fake.get("sandboxes", NS, &warm_name).is_none());
     assert!(fake.get("pods", NS, &warm_name).is_none());
     assert!(matches!(backend.liveness(&handle).await, Liveness::Gone(_)));
-    let deadline = Instant::now() + Duration::from_secs(20);
-    while !fake
-        .list("sandboxes", NS)
-        .iter()
-        .any(|s| s["metadata"]["labels"]["agents.x-k8s.io/warm-pool-sandbox"].is_string())
-    {
-        assert!(Instant::now() < deadline, "the pool did not refill");
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
+    eventually_true(Duration::from_secs(20), "the pool refills", || {
+        fake.list("sandboxes", NS)
+            .iter()
+            .any(|s| s["metadata"]["labels"]["agents.x-k8s.io/warm-pool-sandbox"].is_string())
+    })
+    .await;
 }
 
 /// What a warm session cannot use goes cold: a harness without a pool, an agent with egress

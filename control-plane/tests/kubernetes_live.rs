@@ -21,6 +21,7 @@ use kube::ResourceExt;
 use lap_control_plane::backend::kubernetes::KubernetesBackend;
 use lap_control_plane::backend::sandbox::{self, conditions, PodSettings, Readiness, SandboxApiVersion};
 use lap_control_plane::backend::{Placement, SandboxBackend, SandboxSpec};
+use lap_test_support::eventually_ok;
 use serde_json::json;
 
 fn settings(ns: &str) -> PodSettings {
@@ -126,16 +127,15 @@ async fn live_sandbox_becomes_ready_with_its_service() {
         Api::namespaced_with(ns.client.clone(), &ns.name, &SandboxApiVersion::V1beta1.api_resource());
     api.create(&PostParams::default(), &objects.sandbox).await.unwrap();
     let name = objects.sandbox.name_any();
-    let deadline = Instant::now() + Duration::from_secs(180);
-    let sb = loop {
+    let sb = eventually_ok(Duration::from_secs(180), "the Sandbox becomes ready", || async {
         let sb = api.get(&name).await.unwrap();
         match conditions::readiness(sb.metadata.generation, sb.status.as_ref()) {
-            Readiness::Ready => break sb,
-            Readiness::Pending(why) => assert!(Instant::now() < deadline, "not ready in 180 s: {why}"),
+            Readiness::Ready => Ok(sb),
+            Readiness::Pending(why) => Err(why),
             other => panic!("{other:?}"),
         }
-        tokio::time::sleep(Duration::from_secs(1)).await;
-    };
+    })
+    .await;
     let status = sb.status.unwrap();
     assert!(!status.pod_ips.is_empty());
     assert!(status.service_fqdn.unwrap_or_default().starts_with(&name));

@@ -7,8 +7,9 @@
 
 mod support;
 
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
+use lap_test_support::{eventually_ok, eventually_true};
 use serde_json::{json, Value};
 use support::anthropic::StandIn;
 use support::fake_cli::path_with_fake_claude;
@@ -41,15 +42,16 @@ async fn message(server: &LapServer, sid: &str, text: &str) -> (u16, Value) {
 }
 
 async fn wait_status(server: &LapServer, sid: &str, want: &str, timeout: Duration) -> Value {
-    let deadline = Instant::now() + timeout;
-    loop {
+    let what = format!("session {sid} becomes {want}");
+    eventually_ok(timeout, &what, || async {
         let (_, v) = server.call("GET", &format!("{A}/sessions/{sid}"), None).await;
         if v["status"] == want {
-            return v;
+            Ok(v)
+        } else {
+            Err(v)
         }
-        assert!(Instant::now() < deadline, "session never became {want}: {v}");
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    }
+    })
+    .await
 }
 
 /// `[harness (bubblewrap), sidecar]`: the order the local backend starts them in.
@@ -130,11 +132,8 @@ async fn continuity_restart_adoption_and_vanished_sandbox() {
 }
 
 async fn wait_removed(dir: &std::path::Path) {
-    let deadline = Instant::now() + Duration::from_secs(15);
-    while dir.exists() {
-        assert!(Instant::now() < deadline, "{} was not removed", dir.display());
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    }
+    let what = format!("{} is removed", dir.display());
+    eventually_true(Duration::from_secs(15), &what, || !dir.exists()).await;
 }
 
 #[tokio::test(flavor = "multi_thread")]
@@ -151,14 +150,12 @@ async fn initial_prompt_is_sent_once_ready() {
     let (_, v) = server.call("GET", &format!("{A}/sessions/{sid}"), None).await;
     assert_eq!(v["title"], "boot");
     let calls = server.sandbox_dir(&sid).join("home/fake-claude-calls.log");
-    let deadline = Instant::now() + Duration::from_secs(30);
-    while !std::fs::read_to_string(&calls)
-        .unwrap_or_default()
-        .contains("set up the repo")
-    {
-        assert!(Instant::now() < deadline, "the initial prompt never reached the agent");
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
+    eventually_true(Duration::from_secs(30), "the initial prompt reaches the agent", || {
+        std::fs::read_to_string(&calls)
+            .unwrap_or_default()
+            .contains("set up the repo")
+    })
+    .await;
 }
 
 #[tokio::test(flavor = "multi_thread")]

@@ -9,7 +9,7 @@ mod fake_kube;
 
 use std::collections::BTreeMap;
 use std::sync::Arc;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use fake_kube::FakeKube;
 use lap_control_plane::app::{App, AppConfig};
@@ -18,6 +18,7 @@ use lap_control_plane::backend::sandbox::{PodSettings, SandboxApiVersion};
 use lap_control_plane::crypto::Cipher;
 use lap_control_plane::model::{CreateAgent, CreateSession, Status};
 use lap_control_plane::store::Store;
+use lap_test_support::{eventually_ok, eventually_true};
 use serde_json::{json, Value};
 
 const NS: &str = "lap-test";
@@ -74,20 +75,16 @@ async fn app_over(fake: &FakeKube, url: &str, harness_port: u16) -> Arc<App> {
 }
 
 async fn wait_status(app: &App, id: &str, status: Status) -> lap_control_plane::model::Session {
-    let deadline = Instant::now() + Duration::from_secs(30);
-    loop {
+    let what = format!("session {id} becomes {status:?}");
+    eventually_ok(Duration::from_secs(30), &what, || async {
         let s = app.get_session(id).await.unwrap();
         if s.status == status {
-            return s;
+            Ok(s)
+        } else {
+            Err(format!("{:?} ({:?})", s.status, s.failure_reason))
         }
-        assert!(
-            Instant::now() < deadline,
-            "session stayed {:?} ({:?})",
-            s.status,
-            s.failure_reason
-        );
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
+    })
+    .await
 }
 
 fn agent(name: &str) -> CreateAgent {
@@ -161,11 +158,10 @@ async fn two_replicas(url: String, tag: &str) {
     let mut sb3 = fake.get("sandboxes", NS, &name3).unwrap();
     sb3["spec"]["shutdownTime"] = json!("2020-01-01T00:00:00Z");
     fake.put("sandboxes", NS, sb3);
-    let deadline = Instant::now() + Duration::from_secs(20);
-    while fake.pod_of(NS, &name3).is_some() {
-        assert!(Instant::now() < deadline, "the controller did not expire the Sandbox");
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
+    eventually_true(Duration::from_secs(20), "the controller expires the Sandbox", || {
+        fake.pod_of(NS, &name3).is_none()
+    })
+    .await;
     assert!(b.reconcile_once().await.unwrap());
     let ended = b.get_session(&s3.id).await.unwrap();
     assert_eq!(ended.status, Status::Dead);

@@ -12,6 +12,7 @@ mod support;
 use std::os::unix::fs::PermissionsExt;
 use std::time::{Duration, Instant};
 
+use lap_test_support::{eventually, eventually_ok, eventually_true};
 use serde_json::{json, Value};
 use support::anthropic::StandIn;
 use support::server::{files_below, sandbox_pids, LapServer};
@@ -286,37 +287,32 @@ async fn a_stopped_vault_ends_the_session_with_the_reason() {
     let pids = sandbox_pids(&server.private_dir(&sid));
     let sidecar = nix::unistd::Pid::from_raw(pids[2]);
     nix::sys::signal::kill(sidecar, nix::sys::signal::Signal::SIGSTOP).unwrap();
-    let stopped_at = Instant::now();
     // Two failed probes in a row, a reconcile interval (1 s) apart, each up to the probe timeout.
-    let deadline = stopped_at + Duration::from_secs(12);
-    let v = loop {
-        let (_, v) = server.call("GET", &format!("{A}/sessions/{sid}"), None).await;
-        if v["status"] != "ready" {
-            break v;
-        }
-        assert!(
-            Instant::now() < deadline,
-            "still ready {:?} after SIGSTOP: {v}",
-            stopped_at.elapsed()
-        );
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    };
+    let v = eventually_ok(
+        Duration::from_secs(12),
+        "the session leaves ready after SIGSTOP",
+        || async {
+            let (_, v) = server.call("GET", &format!("{A}/sessions/{sid}"), None).await;
+            if v["status"] != "ready" {
+                Ok(v)
+            } else {
+                Err(v)
+            }
+        },
+    )
+    .await;
     assert_eq!(v["status"], "dead", "{v}");
     let reason = v["failure_reason"].as_str().unwrap();
     assert!(reason.contains("vault sidecar stopped answering"), "{reason}");
     assert!(reason.contains("SIGSTOP"), "{reason}");
     // The stopped sidecar and the sandbox are gone.
-    let deadline = Instant::now() + Duration::from_secs(15);
-    while pids
-        .iter()
-        .any(|p| std::path::Path::new(&format!("/proc/{p}")).exists())
-    {
-        assert!(
-            Instant::now() < deadline,
-            "processes of the dead session remain: {pids:?}"
-        );
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    }
+    let what = format!("the processes of the dead session end: {pids:?}");
+    eventually_true(Duration::from_secs(15), &what, || {
+        !pids
+            .iter()
+            .any(|p| std::path::Path::new(&format!("/proc/{p}")).exists())
+    })
+    .await;
 }
 
 #[tokio::test(flavor = "multi_thread")]
@@ -399,17 +395,19 @@ async fn without_user_namespaces_a_session_fails_saying_what_to_enable() {
         .unwrap();
     let http = reqwest::Client::builder().no_proxy().build().unwrap();
     let url = format!("http://127.0.0.1:{port}");
-    let deadline = Instant::now() + Duration::from_secs(30);
-    while !http
-        .get(format!("{url}/health"))
-        .send()
-        .await
-        .is_ok_and(|r| r.status().is_success())
-    {
-        assert!(child.try_wait().unwrap().is_none(), "lap-server exited");
-        assert!(Instant::now() < deadline, "lap-server did not start");
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
+    eventually(Duration::from_secs(30), "lap-server starts", || {
+        // Sampled here: the probe's future cannot hold `child` mutably.
+        let exited = child.try_wait().unwrap().is_some();
+        let health = http.get(format!("{url}/health")).send();
+        async move {
+            if health.await.is_ok_and(|r| r.status().is_success()) {
+                return Some(());
+            }
+            assert!(!exited, "lap-server exited");
+            None
+        }
+    })
+    .await;
     let call = |m: reqwest::Method, path: String, body: Value| {
         let req = http.request(m, format!("{url}{path}")).bearer_auth("k").json(&body);
         async move { req.send().await.unwrap().json::<Value>().await.unwrap() }
@@ -427,15 +425,15 @@ async fn without_user_namespaces_a_session_fails_saying_what_to_enable() {
     )
     .await;
     let sid = s["id"].as_str().unwrap().to_owned();
-    let deadline = Instant::now() + Duration::from_secs(30);
-    let v = loop {
+    let v = eventually_ok(Duration::from_secs(30), "the session leaves creating", || async {
         let v = call(reqwest::Method::GET, format!("{A}/sessions/{sid}"), Value::Null).await;
         if v["status"] != "creating" {
-            break v;
+            Ok(v)
+        } else {
+            Err(v)
         }
-        assert!(Instant::now() < deadline, "{v}");
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    };
+    })
+    .await;
     assert_eq!(v["status"], "failed", "{v}");
     let reason = v["failure_reason"].as_str().unwrap();
     assert!(

@@ -8,6 +8,7 @@ use std::os::unix::fs::PermissionsExt;
 use std::process::Stdio;
 use std::time::{Duration, Instant};
 
+use lap_test_support::eventually;
 use support::server::workspace_bin;
 
 /// Start `lap-server` in `cwd` with only LAP_LISTEN set (and the binaries); wait for /health;
@@ -33,16 +34,14 @@ async fn run_once(cwd: &std::path::Path) -> (String, String) {
         .spawn()
         .unwrap();
     let http = reqwest::Client::builder().no_proxy().build().unwrap();
-    let deadline = Instant::now() + Duration::from_secs(30);
-    while !http
-        .get(format!("http://127.0.0.1:{port}/health"))
-        .send()
-        .await
-        .is_ok_and(|r| r.status().is_success())
-    {
-        assert!(Instant::now() < deadline, "lap-server did not start");
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
+    eventually(Duration::from_secs(30), "lap-server starts", || async {
+        http.get(format!("http://127.0.0.1:{port}/health"))
+            .send()
+            .await
+            .is_ok_and(|r| r.status().is_success())
+            .then_some(())
+    })
+    .await;
     nix::sys::signal::kill(
         nix::unistd::Pid::from_raw(child.id().unwrap() as i32),
         nix::sys::signal::Signal::SIGINT,

@@ -10,6 +10,7 @@ mod support;
 
 use std::time::Duration;
 
+use lap_test_support::eventually_true;
 use serde_json::{json, Value};
 use support::anthropic::{StandIn, OPENAI_REPLY, REPLY};
 use support::model_script::END;
@@ -258,15 +259,6 @@ fn pids_running(argv: &[&str]) -> Vec<i32> {
         .collect()
 }
 
-/// Poll `cond` every 100 ms until it holds or `secs` pass.
-async fn until(what: &str, secs: u64, mut cond: impl FnMut() -> bool) {
-    let deadline = std::time::Instant::now() + Duration::from_secs(secs);
-    while !cond() {
-        assert!(std::time::Instant::now() < deadline, "timed out waiting for {what}");
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    }
-}
-
 /// `POST /sessions/{id}/abort` while the agent runs a long command: that message answers 409,
 /// the command is gone, the session stays ready and the next message works.
 #[tokio::test(flavor = "multi_thread")]
@@ -293,8 +285,11 @@ async fn abort_stops_the_running_turn_and_the_session_stays_ready() {
         (status, resp.json::<Value>().await.unwrap_or_default())
     });
     let started = r.workspace().join("started");
-    until("the command to start", 90, || started.exists()).await;
-    until("the sleep to run", 10, || !pids_running(&["sleep", "313"]).is_empty()).await;
+    eventually_true(Duration::from_secs(90), "the command starts", || started.exists()).await;
+    eventually_true(Duration::from_secs(10), "the sleep runs", || {
+        !pids_running(&["sleep", "313"]).is_empty()
+    })
+    .await;
 
     let (s, v) = r
         .server
@@ -307,7 +302,7 @@ async fn abort_stops_the_running_turn_and_the_session_stays_ready() {
         .unwrap();
     assert_eq!(status, 409, "{body}");
     assert!(body["error"].as_str().unwrap().contains("aborted"), "{body}");
-    until("the aborted command to end", 10, || {
+    eventually_true(Duration::from_secs(10), "the aborted command ends", || {
         pids_running(&["sleep", "313"]).is_empty()
     })
     .await;

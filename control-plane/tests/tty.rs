@@ -6,11 +6,13 @@
 
 mod support;
 
+use std::cell::RefCell;
 use std::os::unix::fs::PermissionsExt;
 use std::process::Command;
 use std::time::{Duration, Instant};
 
 use futures_util::{SinkExt, StreamExt};
+use lap_test_support::{eventually, eventually_ok};
 use serde_json::json;
 use support::anthropic::{StandIn, REPLY};
 use support::server::{on_path, workspace_bin, LapServer};
@@ -161,18 +163,18 @@ async fn tty_is_relayed_and_authorised_by_the_sessions_own_token() {
         }
     }
     // Terminal traffic is activity: last_seen_at moved.
-    let deadline = Instant::now() + Duration::from_secs(10);
-    loop {
+    eventually_ok(Duration::from_secs(10), "last_seen_at moves", || async {
         let after = server
             .call("GET", &format!("{A}/sessions/{}", one["id"].as_str().unwrap()), None)
             .await
             .1;
         if after["last_seen_at"].as_str() > before["last_seen_at"].as_str() {
-            break;
+            Ok(())
+        } else {
+            Err(format!("{before} {after}"))
         }
-        assert!(Instant::now() < deadline, "last_seen_at did not move: {before} {after}");
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    }
+    })
+    .await;
     ws.close(None).await.unwrap();
     drop(ws);
 
@@ -213,15 +215,15 @@ async fn idle_timeout_counts_terminal_bytes_as_activity() {
     assert_eq!(v["status"], "ready", "reaped while typing: {v}");
     // Silence: reaped.
     drop(ws);
-    let deadline = Instant::now() + Duration::from_secs(30);
-    loop {
+    eventually_ok(Duration::from_secs(30), "reaped after going quiet", || async {
         let (_, v) = server.call("GET", &format!("{A}/sessions/{id}"), None).await;
         if v["status"] == "dead" {
-            break;
+            Ok(())
+        } else {
+            Err(v)
         }
-        assert!(Instant::now() < deadline, "not reaped after going quiet: {v}");
-        tokio::time::sleep(Duration::from_millis(200)).await;
-    }
+    })
+    .await;
 }
 
 #[tokio::test(flavor = "multi_thread")]
@@ -291,21 +293,24 @@ async fn bring_up_phases_show_in_the_session() {
         )
         .await;
     let id = session["id"].as_str().unwrap();
-    let mut phases: Vec<String> = Vec::new();
-    let deadline = Instant::now() + Duration::from_secs(60);
-    loop {
+    // Every phase seen on the way, in order (the probe records them).
+    let seen = RefCell::new(Vec::<String>::new());
+    eventually_ok(Duration::from_secs(60), "the session leaves creating", || async {
         let (_, v) = server.call("GET", &format!("{A}/sessions/{id}"), None).await;
         let p = v["phase"].as_str().unwrap().to_owned();
+        let mut phases = seen.borrow_mut();
         if phases.last() != Some(&p) {
             phases.push(p);
         }
         if v["status"] != "creating" {
             assert_eq!(v["status"], "ready", "{v}");
-            break;
+            Ok(())
+        } else {
+            Err(format!("still creating: {phases:?}"))
         }
-        assert!(Instant::now() < deadline, "still creating: {phases:?}");
-        tokio::time::sleep(Duration::from_millis(30)).await;
-    }
+    })
+    .await;
+    let phases = seen.into_inner();
     let at = |p: &str| phases.iter().position(|x| x == p);
     assert!(at("cloning_repo").is_some(), "{phases:?}");
     assert!(at("starting-harness") < at("cloning_repo"), "{phases:?}");
@@ -411,14 +416,10 @@ async fn clone_through_the_vault_with_git_token_for_the_clone_only() {
         .kill_on_drop(true)
         .spawn()
         .unwrap();
-    let deadline = Instant::now() + Duration::from_secs(20);
-    let port = loop {
-        if let Ok(p) = std::fs::read_to_string(&port_file) {
-            break p;
-        }
-        assert!(Instant::now() < deadline, "the git server did not start");
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    };
+    let port = eventually(Duration::from_secs(20), "the git server starts", || async {
+        std::fs::read_to_string(&port_file).ok()
+    })
+    .await;
     let base = tmp.path().join("base.toml");
     std::fs::write(
         &base,

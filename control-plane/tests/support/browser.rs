@@ -5,9 +5,10 @@
 
 use std::path::{Path, PathBuf};
 use std::process::Stdio;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use fantoccini::{Client, ClientBuilder, Locator};
+use lap_test_support::eventually_ok;
 use serde_json::{json, Value};
 use tokio::io::{AsyncBufReadExt, BufReader};
 
@@ -126,18 +127,16 @@ impl Browser {
 
     /// Poll until `css`'s text satisfies `done`, or panic after `timeout` saying what was awaited.
     pub async fn wait_text(&self, css: &str, what: &str, timeout: Duration, done: impl Fn(&str) -> bool) -> String {
-        let deadline = Instant::now() + timeout;
-        loop {
+        let what = format!("{what} in {css}");
+        eventually_ok(timeout, &what, || async {
             let t = self.text(css).await;
             if done(&t) {
-                return t;
+                return Ok(t);
             }
-            if Instant::now() >= deadline {
-                let page = self.text("body").await;
-                panic!("waited {timeout:?} for {what} in {css}; it shows:\n{t}\n---- the page:\n{page}");
-            }
-            tokio::time::sleep(Duration::from_millis(200)).await;
-        }
+            let page = self.text("body").await;
+            Err(format!("it shows:\n{t}\n---- the page:\n{page}"))
+        })
+        .await
     }
 
     /// Type into the element `css` (after clearing it).

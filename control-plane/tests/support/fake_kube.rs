@@ -24,12 +24,13 @@
 use std::collections::{BTreeMap, HashMap, VecDeque};
 use std::convert::Infallible;
 use std::sync::{Arc, Mutex};
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use axum::body::{Body, Bytes};
 use axum::extract::State;
 use axum::http::{Method, StatusCode, Uri};
 use axum::response::{IntoResponse, Response};
+use lap_test_support::{eventually, eventually_ok};
 use serde_json::{json, Value};
 use tokio::sync::broadcast;
 
@@ -312,14 +313,9 @@ impl FakeKube {
 
     /// Wait for a Sandbox's pod to exist; its name.
     pub async fn wait_pod(&self, ns: &str, sandbox: &str) -> String {
-        let deadline = Instant::now() + Duration::from_secs(20);
-        loop {
-            if let Some(p) = self.pod_of(ns, sandbox) {
-                return p["metadata"]["name"].as_str().unwrap().to_owned();
-            }
-            assert!(Instant::now() < deadline, "timed out waiting for the pod of {sandbox}");
-            tokio::time::sleep(Duration::from_millis(20)).await;
-        }
+        let what = format!("the pod of {sandbox}");
+        let pod = eventually(Duration::from_secs(20), &what, || async { self.pod_of(ns, sandbox) }).await;
+        pod["metadata"]["name"].as_str().unwrap().to_owned()
     }
 
     /// The kubelet: the pod is Running at `ip`, Ready or not (its readiness probe).
@@ -504,27 +500,21 @@ impl FakeKube {
 
     /// Wait until `pred` holds over the request log.
     pub async fn wait_requests(&self, what: &str, pred: impl Fn(&[String]) -> bool) {
-        let deadline = Instant::now() + Duration::from_secs(20);
-        while !pred(&self.requests()) {
-            assert!(
-                Instant::now() < deadline,
-                "timed out waiting for {what}: {:#?}",
-                self.requests()
-            );
-            tokio::time::sleep(Duration::from_millis(20)).await;
-        }
+        eventually_ok(Duration::from_secs(20), what, || async {
+            let log = self.requests();
+            if pred(&log) {
+                Ok(())
+            } else {
+                Err(format!("{log:#?}"))
+            }
+        })
+        .await
     }
 
     /// Wait until an object exists.
     pub async fn wait_object(&self, plural: &str, ns: &str, name: &str) -> Value {
-        let deadline = Instant::now() + Duration::from_secs(20);
-        loop {
-            if let Some(v) = self.get(plural, ns, name) {
-                return v;
-            }
-            assert!(Instant::now() < deadline, "timed out waiting for {plural}/{name}");
-            tokio::time::sleep(Duration::from_millis(20)).await;
-        }
+        let what = format!("{plural}/{name}");
+        eventually(Duration::from_secs(20), &what, || async { self.get(plural, ns, name) }).await
     }
 }
 

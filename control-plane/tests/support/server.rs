@@ -2,8 +2,9 @@
 
 use std::path::{Path, PathBuf};
 use std::process::Stdio;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
+use lap_test_support::{eventually, eventually_ok};
 use serde_json::Value;
 
 /// A workspace binary built next to this test's executable (`target/debug/NAME`).
@@ -132,16 +133,14 @@ impl LapServer {
         let child = cmd.spawn().unwrap();
         let http = reqwest::Client::builder().no_proxy().build().unwrap();
         let url = format!("http://127.0.0.1:{port}");
-        let deadline = Instant::now() + Duration::from_secs(30);
-        loop {
-            if let Ok(r) = http.get(format!("{url}/health")).send().await {
-                if r.status().is_success() {
-                    break;
-                }
-            }
-            assert!(Instant::now() < deadline, "lap-server did not answer /health");
-            tokio::time::sleep(Duration::from_millis(50)).await;
-        }
+        eventually(Duration::from_secs(30), "lap-server answers /health", || async {
+            http.get(format!("{url}/health"))
+                .send()
+                .await
+                .is_ok_and(|r| r.status().is_success())
+                .then_some(())
+        })
+        .await;
         LapServer {
             url,
             key,
@@ -215,20 +214,18 @@ impl LapServer {
 
     /// Poll the session until it leaves `creating`.
     pub async fn wait_settled(&self, id: &str, timeout: Duration) -> Value {
-        let deadline = Instant::now() + timeout;
-        loop {
+        let what = format!("session {id} leaves creating");
+        eventually_ok(timeout, &what, || async {
             let (_, v) = self
                 .call("GET", &format!("/api/v1/managed_agents/sessions/{id}"), None)
                 .await;
             if v["status"] != "creating" {
-                return v;
+                Ok(v)
+            } else {
+                Err(v)
             }
-            assert!(
-                Instant::now() < deadline,
-                "session still creating after {timeout:?}: {v}"
-            );
-            tokio::time::sleep(Duration::from_millis(100)).await;
-        }
+        })
+        .await
     }
 
     /// SIGTERM the server and wait (up to 15 s) for it to exit; `None` if it did not.

@@ -1,7 +1,9 @@
 //! tmux as the user's terminal: start a command in a detached session, type, read the screen.
 
 use std::process::Command;
-use std::time::{Duration, Instant};
+use std::time::Duration;
+
+use lap_test_support::eventually_ok;
 
 pub struct Tmux {
     pub socket: String,
@@ -37,15 +39,15 @@ impl Tmux {
 
     /// Poll the pane until `done(screen)`; panics with the screen after `timeout`.
     pub async fn wait(&self, name: &str, what: &str, timeout: Duration, done: impl Fn(&str) -> bool) -> String {
-        let deadline = Instant::now() + timeout;
-        loop {
+        eventually_ok(timeout, what, || async {
             let screen = self.capture(name);
             if done(&screen) {
-                return screen;
+                Ok(screen)
+            } else {
+                Err(format!("the screen:\n{screen}"))
             }
-            assert!(Instant::now() < deadline, "waiting for {what}; the screen:\n{screen}");
-            tokio::time::sleep(Duration::from_millis(200)).await;
-        }
+        })
+        .await
     }
 }
 

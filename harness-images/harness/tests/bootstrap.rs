@@ -6,7 +6,9 @@
 
 use std::os::unix::fs::PermissionsExt;
 use std::process::Stdio;
-use std::time::{Duration, Instant};
+use std::time::Duration;
+
+use lap_test_support::eventually;
 
 /// A stand-in `claude` that answers with what it sees of the environment.
 const FAKE_CLAUDE: &str = r#"#!/bin/sh
@@ -45,14 +47,7 @@ async fn waits_for_its_session_then_serves_with_it() {
         .unwrap();
     let http = reqwest::Client::builder().no_proxy().build().unwrap();
     let url = format!("http://127.0.0.1:{port}");
-    let deadline = Instant::now() + Duration::from_secs(20);
-    let waiting = loop {
-        if let Some(h) = healthz(&http, &url).await {
-            break h;
-        }
-        assert!(Instant::now() < deadline, "the harness did not start");
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    };
+    let waiting = eventually(Duration::from_secs(20), "the harness starts", || healthz(&http, &url)).await;
     assert_eq!(waiting["phase"], "waiting_for_session");
 
     // No message is served before the session, and the session needs the pool's token.
@@ -91,20 +86,12 @@ async fn waits_for_its_session_then_serves_with_it() {
     assert_eq!(r.status(), 202);
 
     // The same process, now the ordinary harness: the session's token, the stub, no pool token.
-    let deadline = Instant::now() + Duration::from_secs(20);
-    loop {
-        if healthz(&http, &url)
-            .await
-            .is_some_and(|h| h["phase"] == "harness_listening")
-        {
-            break;
-        }
-        assert!(
-            Instant::now() < deadline,
-            "the harness did not come back with its session"
-        );
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
+    eventually(
+        Duration::from_secs(20),
+        "the harness comes back with its session",
+        || async { healthz(&http, &url).await.filter(|h| h["phase"] == "harness_listening") },
+    )
+    .await;
     let r = http
         .post(format!("{url}/message"))
         .bearer_auth("pool-token")

@@ -5,7 +5,9 @@
 
 use std::os::unix::fs::PermissionsExt;
 use std::process::Stdio;
-use std::time::{Duration, Instant};
+use std::time::Duration;
+
+use lap_test_support::eventually;
 
 const FAKE_CLAUDE: &str = r#"#!/bin/sh
 text=""; resume=none
@@ -45,16 +47,14 @@ async fn serves_messages_with_continuity_behind_the_token() {
         .unwrap();
     let http = reqwest::Client::builder().no_proxy().build().unwrap();
     let url = format!("http://127.0.0.1:{port}");
-    let deadline = Instant::now() + Duration::from_secs(20);
-    while !http
-        .get(format!("{url}/healthz"))
-        .send()
-        .await
-        .is_ok_and(|r| r.status().is_success())
-    {
-        assert!(Instant::now() < deadline, "harness did not start");
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
+    eventually(Duration::from_secs(20), "the harness starts", || async {
+        http.get(format!("{url}/healthz"))
+            .send()
+            .await
+            .is_ok_and(|r| r.status().is_success())
+            .then_some(())
+    })
+    .await;
     let r = http
         .post(format!("{url}/message"))
         .json(&serde_json::json!({"text": "hi"}))
@@ -170,16 +170,14 @@ async fn clones_repo_url_and_branch_before_serving() {
         .spawn()
         .unwrap();
     let http = reqwest::Client::builder().no_proxy().build().unwrap();
-    let deadline = Instant::now() + Duration::from_secs(30);
-    while !http
-        .get(format!("http://127.0.0.1:{port}/healthz"))
-        .send()
-        .await
-        .is_ok_and(|r| r.status().is_success())
-    {
-        assert!(Instant::now() < deadline, "harness did not start");
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
+    eventually(Duration::from_secs(30), "the harness starts", || async {
+        http.get(format!("http://127.0.0.1:{port}/healthz"))
+            .send()
+            .await
+            .is_ok_and(|r| r.status().is_success())
+            .then_some(())
+    })
+    .await;
     assert!(
         work.join("README").is_file() && work.join("FEATURE").is_file(),
         "repo not cloned on its branch"
@@ -233,20 +231,18 @@ async fn events_carry_every_messages_agent_events() {
         .unwrap();
     let http = reqwest::Client::builder().no_proxy().build().unwrap();
     let url = format!("http://127.0.0.1:{port}");
-    let deadline = Instant::now() + Duration::from_secs(20);
-    loop {
-        if let Ok(r) = http.get(format!("{url}/healthz")).send().await {
-            let ok = r.status().is_success();
-            let v: serde_json::Value = r.json().await.unwrap();
-            if ok {
-                assert_eq!(v["phase"], "harness_listening", "{v}");
-                break;
-            }
-            assert_eq!(v["status"], "starting", "{v}");
+    eventually(Duration::from_secs(20), "the harness starts", || async {
+        let r = http.get(format!("{url}/healthz")).send().await.ok()?;
+        let ok = r.status().is_success();
+        let v: serde_json::Value = r.json().await.unwrap();
+        if ok {
+            assert_eq!(v["phase"], "harness_listening", "{v}");
+            return Some(());
         }
-        assert!(Instant::now() < deadline, "harness did not start");
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
+        assert_eq!(v["status"], "starting", "{v}");
+        None
+    })
+    .await;
     let r = http.get(format!("{url}/events")).send().await.unwrap();
     assert_eq!(r.status(), 401);
     let events = http

@@ -9,6 +9,7 @@ use std::process::Stdio;
 use std::time::{Duration, Instant};
 
 use futures_util::{SinkExt, StreamExt};
+use lap_test_support::eventually;
 use tokio_tungstenite::tungstenite::client::IntoClientRequest;
 use tokio_tungstenite::tungstenite::Message;
 
@@ -65,16 +66,14 @@ impl Harness {
         }
         let child = cmd.spawn().unwrap();
         let http = reqwest::Client::builder().no_proxy().build().unwrap();
-        let deadline = Instant::now() + Duration::from_secs(20);
-        while !http
-            .get(format!("http://127.0.0.1:{port}/healthz"))
-            .send()
-            .await
-            .is_ok_and(|r| r.status().is_success())
-        {
-            assert!(Instant::now() < deadline, "harness did not start");
-            tokio::time::sleep(Duration::from_millis(20)).await;
-        }
+        eventually(Duration::from_secs(20), "the harness starts", || async {
+            http.get(format!("http://127.0.0.1:{port}/healthz"))
+                .send()
+                .await
+                .is_ok_and(|r| r.status().is_success())
+                .then_some(())
+        })
+        .await;
         Harness {
             port,
             _child: child,
@@ -441,14 +440,10 @@ async fn git_token_is_used_for_the_clone_only() {
         .kill_on_drop(true)
         .spawn()
         .unwrap();
-    let deadline = Instant::now() + Duration::from_secs(20);
-    let port = loop {
-        if let Ok(p) = std::fs::read_to_string(&port_file) {
-            break p;
-        }
-        assert!(Instant::now() < deadline, "git server did not start");
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    };
+    let port = eventually(Duration::from_secs(20), "the git server starts", || async {
+        std::fs::read_to_string(&port_file).ok()
+    })
+    .await;
     let url = format!("http://127.0.0.1:{port}/repo.git");
     let h = Harness::start(
         "claude-code",
