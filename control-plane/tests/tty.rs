@@ -646,9 +646,11 @@ async fn lap_commands_against_a_running_server() {
 /// detaches saying how to reattach, and `lap attach` shows the same session's screen.
 #[tokio::test(flavor = "multi_thread")]
 async fn lap_agent_in_tmux_detaches_and_reattaches_to_the_same_session() {
-    if !on_path("tmux") || !on_path("claude") {
-        eprintln!("SKIPPED: needs tmux and the `claude` CLI on PATH (bash .ci/run installs both)");
-        return;
+    for tool in ["tmux", "claude"] {
+        assert!(
+            on_path(tool),
+            "`{tool}` is not on PATH: this test runs the real `claude` TUI in tmux (bash .ci/run installs both)"
+        );
     }
     let real = format!(
         "sk-ant-api03-REAL{}",
@@ -771,10 +773,10 @@ async fn lap_agent_in_tmux_detaches_and_reattaches_to_the_same_session() {
 /// attached; `lap` says so, exits 1, and the tty is back in cooked mode (`icanon`, `echo`).
 #[tokio::test(flavor = "multi_thread")]
 async fn lap_restores_the_terminal_when_the_session_goes_away() {
-    if !on_path("tmux") {
-        eprintln!("SKIPPED: needs tmux on PATH (bash .ci/run installs it)");
-        return;
-    }
+    assert!(
+        on_path("tmux"),
+        "`tmux` is not on PATH: this test drives `lap` in it (bash .ci/run installs it)"
+    );
     let tmp = tempfile::tempdir().unwrap();
     let bin = tmp.path().join("fake-bin");
     write_script(&bin, "claude", SHELL_CLAUDE);

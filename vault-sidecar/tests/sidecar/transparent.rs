@@ -3,8 +3,8 @@
 //! ignores proxies entirely; the sidecar learns the target from SO_ORIGINAL_DST + SNI, swaps the stub,
 //! and the upstream (examples/upstream.py, inside the namespace) receives the real key.
 //!
-//! Needs root, `ip netns` and `iptables`; where the kernel refuses a namespace the test says so and
-//! returns (the reason is printed), and it fails if the tools are missing (.ci/run installs them).
+//! Needs root, `ip netns` and `iptables`: it fails, saying which, if a tool is missing or the kernel
+//! refuses the namespace (.ci/run runs as root and installs them).
 
 use std::path::{Path, PathBuf};
 use std::process::Command;
