@@ -33,7 +33,12 @@ pub fn bound(secret: usize, host: usize) -> bool {
 
 pub fn set() -> &'static SecretSet {
     static SET: OnceLock<SecretSet> = OnceLock::new();
-    SET.get_or_init(|| {
+    SET.get_or_init(build_set)
+}
+
+/// A new set of [`SECRETS`], as [`set`] holds.
+pub fn build_set() -> SecretSet {
+    {
         let mut toml = String::new();
         for (i, (name, stub, value, loc)) in SECRETS.iter().enumerate() {
             let host = if i == 1 { "github.com" } else { "api.anthropic.com" };
@@ -44,7 +49,7 @@ pub fn set() -> &'static SecretSet {
         let cfg = parse_config(&toml).expect("fixed config parses");
         let settings = Settings::from_config_with_env(&cfg, &|_| None).expect("fixed config validates");
         SecretSet::new(settings.secrets)
-    })
+    }
 }
 
 /// Expands a fuzz input into bytes rich in patterns: 0x00..=0x03 → a whole stub, 0x04..=0x07 → a stub

@@ -14,11 +14,11 @@ use lap_vault_sidecar::fuzz::FrameRedactor;
 use lap_vault_sidecar::SecretSet;
 use libfuzzer_sys::fuzz_target;
 
-use common::{contains, expand, replace_reference, set, SECRETS};
+use common::{build_set, contains, expand, replace_reference, SECRETS};
 
 fn shared() -> Arc<SecretSet> {
     static SET: OnceLock<Arc<SecretSet>> = OnceLock::new();
-    SET.get_or_init(|| Arc::new(set().clone())).clone()
+    SET.get_or_init(|| Arc::new(build_set())).clone()
 }
 
 /// One frame: FIN, opcode, optional masking key, payload (RFC 6455 §5.2).
