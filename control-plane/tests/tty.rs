@@ -72,15 +72,20 @@ async fn connect(server: &LapServer, path: &str, bearer: Option<&str>) -> Result
 /// Read binary frames until their text contains `needle`; returns all text read.
 async fn read_until(ws: &mut Ws, needle: &str) -> String {
     let mut seen = String::new();
-    let deadline = Instant::now() + Duration::from_secs(20);
-    while !seen.contains(needle) {
-        let left = deadline.saturating_duration_since(Instant::now());
-        match tokio::time::timeout(left, ws.next()).await {
-            Ok(Some(Ok(Message::Binary(b)))) => seen.push_str(&String::from_utf8_lossy(&b)),
-            Ok(Some(Ok(_))) => {}
-            other => panic!("waiting for {needle:?}: {other:?}; read so far: {seen:?}"),
-        }
-    }
+    lap_test_support::ws_read_until(
+        ws,
+        Duration::from_secs(20),
+        &format!("{needle:?}"),
+        &mut seen,
+        |seen, m| {
+            if let Message::Binary(b) = m {
+                seen.push_str(&String::from_utf8_lossy(&b));
+            }
+            seen.contains(needle)
+        },
+        |seen| format!("{seen:?}"),
+    )
+    .await;
     seen
 }
 

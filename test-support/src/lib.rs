@@ -5,6 +5,7 @@
 //!   (no port is picked for it, so none can be taken first), stopped on drop.
 //! - [`eventually`], [`eventually_ok`], [`eventually_true`]: poll a condition until a deadline,
 //!   failing with what was awaited (and what was last seen).
+//! - [`ws_read_until`]: read a WebSocket until a condition on what was read, with a deadline.
 //! - [`sse`]: the product's server-sent-events reader (`lap-sse`), for tests that read streams.
 #![warn(unreachable_pub)]
 
@@ -209,4 +210,45 @@ where
 /// [`eventually`] for a synchronous condition.
 pub async fn eventually_true(within: Duration, what: &str, mut condition: impl FnMut() -> bool) {
     eventually(within, what, || std::future::ready(condition().then_some(()))).await
+}
+
+/// Read messages from `ws` (a tungstenite stream) into `acc` with `step` until `step` says the
+/// wait is over, for at most `within`. On the deadline, an error, or the end of the stream it
+/// panics naming `what`, what happened, and `describe(acc)` (what was read so far).
+pub async fn ws_read_until<S, A>(
+    ws: &mut S,
+    within: Duration,
+    what: &str,
+    acc: &mut A,
+    mut step: impl FnMut(&mut A, tokio_tungstenite::tungstenite::Message) -> bool,
+    describe: impl Fn(&A) -> String,
+) where
+    S: futures_util::Stream<
+            Item = Result<tokio_tungstenite::tungstenite::Message, tokio_tungstenite::tungstenite::Error>,
+        > + Unpin,
+{
+    use futures_util::StreamExt as _;
+    let deadline = Instant::now() + within;
+    loop {
+        let left = deadline.saturating_duration_since(Instant::now());
+        match tokio::time::timeout(left, ws.next()).await {
+            Ok(Some(Ok(message))) => {
+                if step(acc, message) {
+                    return;
+                }
+            }
+            Ok(Some(Err(e))) => panic!(
+                "waiting for {what}: the WebSocket failed: {e}; read so far: {}",
+                describe(acc)
+            ),
+            Ok(None) => panic!(
+                "waiting for {what}: the WebSocket ended; read so far: {}",
+                describe(acc)
+            ),
+            Err(_) => panic!(
+                "waiting for {what}: not within {within:?}; read so far: {}",
+                describe(acc)
+            ),
+        }
+    }
 }

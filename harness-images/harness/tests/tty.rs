@@ -6,7 +6,7 @@
 
 use std::os::unix::fs::PermissionsExt;
 use std::process::Stdio;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use futures_util::{SinkExt, StreamExt};
 use lap_test_support::eventually;
@@ -127,27 +127,29 @@ impl Viewer {
 
     /// Read frames until `done(screen text, controls)` or panic after `patience`.
     async fn until(&mut self, what: &str, done: impl Fn(&str, &[serde_json::Value]) -> bool) {
-        let deadline = Instant::now() + self.patience;
-        loop {
-            if done(&self.screen.screen().contents(), &self.controls) {
-                return;
-            }
-            let left = deadline.saturating_duration_since(Instant::now());
-            let msg = tokio::time::timeout(left, self.ws.next()).await;
-            match msg {
-                Ok(Some(Ok(Message::Binary(b)))) => {
-                    self.frames += 1;
-                    self.screen.process(&b);
-                }
-                Ok(Some(Ok(Message::Text(t)))) => self.controls.push(serde_json::from_str(t.as_str()).unwrap()),
-                Ok(Some(Ok(_))) => {}
-                other => panic!(
-                    "waiting for {what}: {other:?}\nscreen:\n{}\ncontrols: {:?}",
-                    self.screen.screen().contents(),
-                    self.controls
-                ),
-            }
+        if done(&self.screen.screen().contents(), &self.controls) {
+            return;
         }
+        let mut read = (&mut self.screen, &mut self.controls, &mut self.frames);
+        lap_test_support::ws_read_until(
+            &mut self.ws,
+            self.patience,
+            what,
+            &mut read,
+            |(screen, controls, frames), m| {
+                match m {
+                    Message::Binary(b) => {
+                        **frames += 1;
+                        screen.process(&b);
+                    }
+                    Message::Text(t) => controls.push(serde_json::from_str(t.as_str()).unwrap()),
+                    _ => {}
+                }
+                done(&screen.screen().contents(), controls.as_slice())
+            },
+            |(screen, controls, _)| format!("\nscreen:\n{}\ncontrols: {:?}", screen.screen().contents(), controls),
+        )
+        .await;
     }
 
     async fn until_text(&mut self, text: &str) {
