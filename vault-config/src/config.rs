@@ -414,8 +414,8 @@ impl Settings {
             }
         }
 
-        let allow = patterns(&mut problems, "egress.allow", &config.egress.allow);
-        let deny = patterns(&mut problems, "egress.deny", &config.egress.deny);
+        let allow: Vec<HostPattern> = parse_each(&mut problems, "egress.allow", &config.egress.allow);
+        let deny: Vec<HostPattern> = parse_each(&mut problems, "egress.deny", &config.egress.deny);
 
         let mut specs: Vec<(String, &SecretSpec)> = config
             .secrets
@@ -531,24 +531,16 @@ fn addr(problems: &mut Problems, key: &str, raw: Option<&str>, default: &str) ->
     }
 }
 
-fn patterns(problems: &mut Problems, key: &str, raw: &[String]) -> Vec<HostPattern> {
+/// Each of `raw` parsed (host patterns, bindings); a problem under `key[i]` for each that fails.
+fn parse_each<T>(problems: &mut Problems, key: &str, raw: &[String]) -> Vec<T>
+where
+    T: std::str::FromStr,
+    T::Err: fmt::Display,
+{
     raw.iter()
         .enumerate()
-        .filter_map(|(i, s)| match s.parse::<HostPattern>() {
+        .filter_map(|(i, s)| match s.parse::<T>() {
             Ok(p) => Some(p),
-            Err(e) => {
-                problems.add(format!("{key}[{i}]"), e.to_string());
-                None
-            }
-        })
-        .collect()
-}
-
-fn bindings(problems: &mut Problems, key: &str, raw: &[String]) -> Vec<Binding> {
-    raw.iter()
-        .enumerate()
-        .filter_map(|(i, s)| match s.parse::<Binding>() {
-            Ok(b) => Some(b),
             Err(e) => {
                 problems.add(format!("{key}[{i}]"), e.to_string());
                 None
@@ -685,7 +677,7 @@ fn validate_secrets(
                 "required: at least one host the secret may be sent to",
             );
         }
-        let hosts = bindings(problems, &format!("{key}.hosts"), &spec.hosts);
+        let hosts: Vec<Binding> = parse_each(problems, &format!("{key}.hosts"), &spec.hosts);
         let mut locations = LocationSet::default();
         match &spec.locations {
             None => locations.insert(Location::Header),
