@@ -1,6 +1,6 @@
 //! Create → ready on the Kubernetes backend, cold (a Sandbox per session) against warm (a
 //! SandboxClaim on a SandboxWarmPool), over the fake API server and its port of the agent-sandbox
-//! controllers (`tests/support/fake_kube.rs`, an instant kubelet), and the API calls each session
+//! controllers (`tests/integration/support/fake_kube.rs`, an instant kubelet), and the API calls each session
 //! costs the control plane, and when each bring-up phase was reported (where the time goes). Not
 //! a test: it prints figures (deploy/README.md, "Measured").
 //!
@@ -13,7 +13,7 @@
 
 #![allow(clippy::unwrap_used)]
 
-#[path = "../tests/support/fake_kube.rs"]
+#[path = "../tests/integration/support/fake_kube.rs"]
 mod fake_kube;
 
 use std::collections::BTreeMap;

@@ -4,8 +4,7 @@
 
 #![allow(clippy::unwrap_used)]
 
-#[path = "support/fake_kube.rs"]
-mod fake_kube;
+use crate::support::fake_kube;
 
 use std::collections::BTreeMap;
 use std::sync::Arc;

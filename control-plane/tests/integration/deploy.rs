@@ -6,8 +6,7 @@
 
 #![allow(clippy::unwrap_used)]
 
-#[path = "support/schema.rs"]
-mod schema;
+use crate::support::schema;
 
 use std::path::{Path, PathBuf};
 

@@ -6,6 +6,11 @@
 pub mod anthropic;
 pub mod browser;
 pub mod fake_cli;
+pub mod fake_kube;
 pub mod model_script;
 pub mod server;
 pub mod tmux;
+
+/// The schema validator lives beside the fake API server, which validates what it is sent
+/// (and the `kubernetes_bringup` bench includes `fake_kube.rs` on its own).
+pub use fake_kube::schema;
