@@ -12,18 +12,20 @@ use lap_benches::pki::UpstreamPki;
 use lap_vault_sidecar::{Binding, BindingSet, TargetHost};
 use lap_vault_sidecar::{Ca, LeafCache};
 use lap_vault_sidecar::{HostRules, Injections};
-use lap_vault_sidecar::{Location, LocationSet, Secret, SecretSet};
+use lap_vault_sidecar::{Secret, SecretSet, Surface, Surfaces};
 
 fn secrets() -> SecretSet {
-    let mut locations = LocationSet::default();
-    locations.insert(Location::Header);
-    locations.insert(Location::Body);
+    // Header credentials, and every body to the model's messages endpoint.
+    let surfaces = Surfaces(vec![
+        Surface::CredentialHeaders,
+        "body:POST /v1/messages".parse::<Surface>().expect("surface"),
+    ]);
     let secret = |name: &str, stub: &str, value: &str, host: &str| Secret {
         name: name.into(),
         stub: stub.into(),
         value: value.into(),
         hosts: BindingSet(vec![host.parse::<Binding>().expect("host")]),
-        locations,
+        surfaces: surfaces.clone(),
     };
     SecretSet::new(vec![
         secret(
@@ -84,14 +86,20 @@ fn rewriting(c: &mut Criterion) {
             let mut inj = Injections::default();
             black_box(
                 rules
-                    .header_value(b"sk-ant-api03-lapstub-aaaaaaaaaaaaaaaa", &mut inj)
+                    .header_value("x-api-key", b"sk-ant-api03-lapstub-aaaaaaaaaaaaaaaa", &mut inj)
                     .expect("ok"),
             )
         })
     });
     c.bench_function("header_rewrite_miss", |b| {
         let rules = HostRules::new(&set, &host, 443);
-        b.iter(|| black_box(rules.header_value(b"application/json; charset=utf-8", &mut Injections::default())))
+        b.iter(|| {
+            black_box(rules.header_value(
+                "content-type",
+                b"application/json; charset=utf-8",
+                &mut Injections::default(),
+            ))
+        })
     });
 
     let chunk = Bytes::from({
@@ -103,7 +111,7 @@ fn rewriting(c: &mut Criterion) {
     group.throughput(Throughput::Bytes(chunk.len() as u64));
     let rules = HostRules::new(&set, &host, 443);
     group.bench_function("stream_16k_chunk", |b| {
-        let mut rw = rules.body_rewriter().expect("rewriter");
+        let mut rw = rules.body_rewriter("POST", "/v1/messages", None).expect("rewriter");
         b.iter(|| black_box(rw.push(chunk.clone())))
     });
     // The common case on a download or a model's answer: a body with no stub and no value in it.
@@ -113,7 +121,7 @@ fn rewriting(c: &mut Criterion) {
     );
     group.throughput(Throughput::Bytes(plain.len() as u64));
     group.bench_function("stream_16k_chunk_no_match", |b| {
-        let mut rw = rules.body_rewriter().expect("rewriter");
+        let mut rw = rules.body_rewriter("POST", "/v1/messages", None).expect("rewriter");
         b.iter(|| black_box(rw.push(plain.clone())))
     });
     group.finish();

@@ -5,12 +5,14 @@
 use bytes::Bytes;
 use lap_vault_sidecar::HostRules;
 use lap_vault_sidecar::{Binding, BindingSet, TargetHost};
-use lap_vault_sidecar::{Location, LocationSet, Secret, SecretSet};
+use lap_vault_sidecar::{Secret, SecretSet, Surface, Surfaces};
 
 fn main() {
-    let mut locations = LocationSet::default();
-    locations.insert(Location::Header);
-    locations.insert(Location::Body);
+    // Header credentials, and every body to the model's messages endpoint.
+    let surfaces = Surfaces(vec![
+        Surface::CredentialHeaders,
+        "body:POST /v1/messages".parse::<Surface>().expect("surface"),
+    ]);
     let set = SecretSet::new(
         [
             (
@@ -35,12 +37,12 @@ fn main() {
             stub: stub.into(),
             value: value.into(),
             hosts: BindingSet(vec!["api.anthropic.com".parse::<Binding>().expect("host")]),
-            locations,
+            surfaces: surfaces.clone(),
         })
         .collect(),
     );
     let rules = HostRules::new(&set, &TargetHost::parse("api.anthropic.com"), 443);
-    let mut rw = rules.body_rewriter().expect("rewriter");
+    let mut rw = rules.body_rewriter("POST", "/v1/messages", None).expect("rewriter");
     let chunk = Bytes::from(
         b"{\"type\":\"content_block_delta\",\"delta\":{\"type\":\"text_delta\",\"text\":\"fn main() { skip(); }\"}}\n"
             .repeat(160),

@@ -158,7 +158,8 @@ enum SecretsCommand {
         /// A host it may be sent to (repeatable): exact, *.suffix, IP or CIDR.
         #[arg(long = "host", required = true)]
         hosts: Vec<String>,
-        /// Where it is swapped: header (default), query, body (repeatable).
+        /// A credential surface where its stub is swapped (repeatable): header (the default, the
+        /// credential headers), header:NAME, query, query:NAME, body (form bodies), body:METHOD /PATH.
         #[arg(long = "location")]
         locations: Vec<String>,
     },

@@ -134,12 +134,7 @@ fn validate_agent_spec(spec: &AgentSpec, env_vars: &BTreeMap<String, String>) ->
 }
 
 fn validate_locations(locations: &[String]) -> Result<(), ApiError> {
-    for (i, l) in locations.iter().enumerate() {
-        if !matches!(l.as_str(), "header" | "query" | "body") {
-            return Err(bad(format!("locations[{i}]: must be header, query or body")));
-        }
-    }
-    Ok(())
+    env_vars::validate_surfaces("locations", locations).map_err(|e| bad(e.to_string()))
 }
 
 impl App {
@@ -369,7 +364,11 @@ impl App {
                 if old.is_none() || (old == Some(new) && before.spec.env_var_hosts == after.spec.env_var_hosts) {
                     continue;
                 }
-                if let Err(e) = self.backend.rotate_secret(&handle, &b.name, new, &b.hosts, &[]).await {
+                if let Err(e) = self
+                    .backend
+                    .rotate_secret(&handle, &b.name, new, &b.hosts, &b.surfaces)
+                    .await
+                {
                     tracing::warn!(session = %s.id, key = %b.name, error = %e, "agent env_vars change did not reach session");
                 }
             }
@@ -597,7 +596,7 @@ impl App {
             };
             for b in agent_bindings {
                 if let Some(v) = agent.env_vars.get(&b.name) {
-                    add(&b.name, v, b.hosts, None);
+                    add(&b.name, v, b.hosts, (!b.surfaces.is_empty()).then_some(b.surfaces));
                 }
             }
             for s in &registry {
@@ -610,7 +609,7 @@ impl App {
             }
             for b in bindings {
                 if let Some(v) = req.env_vars.get(&b.name) {
-                    add(&b.name, v, b.hosts, None);
+                    add(&b.name, v, b.hosts, (!b.surfaces.is_empty()).then_some(b.surfaces));
                 }
             }
             secrets

@@ -150,6 +150,14 @@ const BUILTIN_HOSTS: &[(&str, &[&str])] = &[
     ("MISTRAL_API_KEY", &["api.mistral.ai"]),
 ];
 
+/// Built-in credential surfaces for well-known names that take their key somewhere beyond the
+/// credential headers (the sidecar's bare `header`, every other name's default).
+const BUILTIN_SURFACES: &[(&str, &[&str])] = &[
+    // Google's Generative Language API: `x-goog-api-key`, or the `key` query parameter.
+    ("GEMINI_API_KEY", &["header", "query:key"]),
+    ("GOOGLE_API_KEY", &["header", "query:key"]),
+];
+
 /// Recognisable prefixes kept on stubs, longest first so the most specific wins.
 const STUB_PREFIXES: &[&str] = &[
     "sk-ant-api03-",
@@ -195,6 +203,8 @@ fn err(field: impl Into<String>, reason: impl Into<String>) -> EnvVarError {
 pub struct Binding {
     pub name: String,
     pub hosts: Vec<String>,
+    /// Its credential surfaces (the sidecar's `locations`); empty for the default, `["header"]`.
+    pub surfaces: Vec<String>,
 }
 
 /// Whether `key` matches `^[A-Za-z_][A-Za-z0-9_]*$`.
@@ -227,6 +237,24 @@ pub fn reserved_reason(key: &str) -> Option<&'static str> {
 /// The built-in host binding for a well-known name.
 pub fn builtin_hosts(key: &str) -> Option<&'static [&'static str]> {
     BUILTIN_HOSTS.iter().find(|(k, _)| *k == key).map(|(_, h)| *h)
+}
+
+/// The built-in credential surfaces of a well-known name; empty for the default.
+pub fn builtin_surfaces(key: &str) -> &'static [&'static str] {
+    BUILTIN_SURFACES
+        .iter()
+        .find(|(k, _)| *k == key)
+        .map_or(&[], |(_, s)| *s)
+}
+
+/// Check a secret's credential surfaces (`field`, the sidecar's `locations`): each `header`,
+/// `header:NAME`, `query`, `query:NAME`, `body` or `body:METHOD /PATH`.
+pub fn validate_surfaces(field: &str, surfaces: &[String]) -> Result<(), EnvVarError> {
+    for (i, s) in surfaces.iter().enumerate() {
+        s.parse::<lap_vault_config::Surface>()
+            .map_err(|e| err(format!("{field}[{i}]"), e))?;
+    }
+    Ok(())
 }
 
 /// Check the hosts a value may be sent to (`field`): each a host pattern with its port, 443
@@ -370,6 +398,7 @@ pub fn validate(
         bindings.push(Binding {
             name: key.clone(),
             hosts,
+            surfaces: builtin_surfaces(key).iter().map(|s| (*s).to_owned()).collect(),
         });
     }
     Ok(bindings)
@@ -476,6 +505,25 @@ mod tests {
             check(&[("CIRCLECI_TOKEN", "x-value-1")]).unwrap()[0].hosts,
             vec!["circleci.com"]
         );
+    }
+
+    #[test]
+    fn builtin_table_declares_the_surfaces_beyond_credential_headers() {
+        let b = check(&[("GEMINI_API_KEY", "AIza-value-1"), ("ANTHROPIC_API_KEY", "sk-ant-x")]).unwrap();
+        let by_name = |n: &str| b.iter().find(|b| b.name == n).unwrap().surfaces.clone();
+        assert_eq!(by_name("GEMINI_API_KEY"), vec!["header", "query:key"]);
+        assert!(
+            by_name("ANTHROPIC_API_KEY").is_empty(),
+            "the default: the credential headers"
+        );
+        assert!(validate_surfaces(
+            "locations",
+            &["header:x-api-key".into(), "body:POST /oauth/token".into()]
+        )
+        .is_ok());
+        let e = validate_surfaces("locations", &["header".into(), "cookie".into()]).unwrap_err();
+        assert_eq!(e.field, "locations[1]");
+        assert!(e.reason.contains("is not one of"), "{e}");
     }
 
     #[test]

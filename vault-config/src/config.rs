@@ -14,7 +14,7 @@ use serde::{Deserialize, Serialize};
 
 use crate::egress::{own_interface_addresses, AddressPolicy, EgressPolicy};
 use crate::hosts::{Binding, BindingSet, HostPattern, HostSet};
-use crate::secret::{Location, LocationSet, Secret};
+use crate::secret::{Secret, Surfaces};
 
 /// Default explicit-proxy listen address.
 pub const DEFAULT_LISTEN: &str = "127.0.0.1:14322";
@@ -678,19 +678,14 @@ fn validate_secrets(
             );
         }
         let hosts: Vec<Binding> = parse_each(problems, &format!("{key}.hosts"), &spec.hosts);
-        let mut locations = LocationSet::default();
-        match &spec.locations {
-            None => locations.insert(Location::Header),
-            Some(list) if list.is_empty() => problems.add(format!("{key}.locations"), "must not be empty"),
-            Some(list) => {
-                for (i, l) in list.iter().enumerate() {
-                    match l.parse::<Location>() {
-                        Ok(loc) => locations.insert(loc),
-                        Err(e) => problems.add(format!("{key}.locations[{i}]"), e),
-                    }
-                }
+        let surfaces = match &spec.locations {
+            None => Surfaces::default(),
+            Some(list) if list.is_empty() => {
+                problems.add(format!("{key}.locations"), "must not be empty");
+                Surfaces::default()
             }
-        }
+            Some(list) => Surfaces(parse_each(problems, &format!("{key}.locations"), list)),
+        };
         if problems.0.len() == before {
             if let Some(value) = value {
                 out.push(Secret {
@@ -698,7 +693,7 @@ fn validate_secrets(
                     stub: spec.stub.clone(),
                     value,
                     hosts: BindingSet(hosts),
-                    locations,
+                    surfaces,
                 });
             }
         }
@@ -761,7 +756,7 @@ mod tests {
             stub = "ghp_lapstub_abcdefgh"
             value_env = "REAL_VAR"
             hosts = ["github.com", "*.githubusercontent.com"]
-            locations = ["header", "query", "body"]
+            locations = ["header", "query:key", "body:POST /login/oauth/access_token"]
             "#,
         )
         .expect("valid");
@@ -772,9 +767,14 @@ mod tests {
         );
         assert_eq!(s.secrets.len(), 2);
         assert_eq!(s.secrets[1].value, "from-env-value");
-        assert!(s.secrets[1].locations.contains(Location::Body));
-        assert!(s.secrets[0].locations.contains(Location::Header));
-        assert!(!s.secrets[0].locations.contains(Location::Query));
+        assert!(s.secrets[1].surfaces.body("POST", "/login/oauth/access_token", None));
+        assert!(s.secrets[1].surfaces.query("key"));
+        assert_eq!(
+            s.secrets[0].surfaces,
+            crate::Surfaces::default(),
+            "`header` when none are written"
+        );
+        assert!(!s.secrets[0].surfaces.has(crate::Location::Query));
     }
 
     #[test]

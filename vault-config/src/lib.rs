@@ -31,4 +31,6 @@ pub use hosts::{
     is_valid_dns_name, parse_ip, Binding, BindingError, BindingSet, HostPattern, HostPatternError, HostSet, TargetHost,
     DEFAULT_BINDING_PORT,
 };
-pub use secret::{Location, LocationSet, Secret};
+pub use secret::{
+    HeaderUse, Location, Secret, Surface, Surfaces, CREDENTIAL_HEADERS, CREDENTIAL_PARAMS, CREDENTIAL_SCHEMES,
+};

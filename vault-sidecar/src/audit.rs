@@ -226,13 +226,13 @@ mod tests {
     }
 
     fn secrets() -> SecretSet {
-        use crate::config::{BindingSet, LocationSet, Secret};
+        use crate::config::{BindingSet, Secret, Surfaces};
         SecretSet::new(vec![Secret {
             name: "BOT_TOKEN".into(),
             stub: "lapstub-bot-1234".into(),
             value: "real-bot-value-9876".into(),
             hosts: BindingSet(vec!["api.example.com".parse().expect("binding")]),
-            locations: LocationSet::default(),
+            surfaces: Surfaces::default(),
         }])
     }
 

@@ -44,7 +44,7 @@ pub use lap_vault_config::{AddressDenial, AddressPolicy, Binding, BindingSet, Ho
 
 pub use audit::write_lines_to as write_audit_lines_to;
 pub use connect::{is_self, parse_target, Target, TargetError};
-pub use lap_vault_config::{Location, LocationSet, Secret};
+pub use lap_vault_config::{Location, Secret, Surface, Surfaces};
 pub use proxy::{run, run_with, Inherited};
 pub use rewrite::{redactor, HostRules, Injections, StreamRewriter};
 pub use secrets::SecretSet;

@@ -87,6 +87,16 @@ fn main() -> ExitCode {
     if matches!(cli.command, Some(Command::Check)) {
         let n = settings.secrets.len();
         println!("{}: ok ({n} secret{})", path.display(), if n == 1 { "" } else { "s" });
+        // What each secret may do: names, hosts and surfaces, never a stub or a value.
+        for secret in &settings.secrets {
+            let hosts: Vec<String> = secret.hosts.0.iter().map(ToString::to_string).collect();
+            println!(
+                "  {}: sent to {}; swapped in {}",
+                secret.name,
+                hosts.join(", "),
+                secret.surfaces
+            );
+        }
         return ExitCode::SUCCESS;
     }
     // Held until main returns: dropping it flushes the lines still queued for stdout.

@@ -21,6 +21,9 @@ pub(crate) enum BlockReason {
     EgressPolicy,
     /// A stub was sent toward a host its secret is not bound to.
     StubExfiltration,
+    /// A stub was sent toward its bound host, but not in one of its secret's credential
+    /// surfaces (a header, query parameter or path the host could reflect).
+    StubOutsideSurface,
     /// The target is one of the sidecar's own listeners.
     Loop,
 }
@@ -30,6 +33,7 @@ impl BlockReason {
         match self {
             Self::EgressPolicy => "egress-policy",
             Self::StubExfiltration => "stub-exfiltration",
+            Self::StubOutsideSurface => "stub-outside-surface",
             Self::Loop => "proxy-loop",
         }
     }
@@ -112,7 +116,7 @@ impl Refusal {
         let detail = match reason {
             BlockReason::Loop => Some("the target is this sidecar's own port".to_owned()),
             BlockReason::EgressPolicy => Some("the target is not allowed by the [egress] policy".to_owned()),
-            BlockReason::StubExfiltration => None,
+            BlockReason::StubExfiltration | BlockReason::StubOutsideSurface => None,
         };
         Self::Blocked {
             reason,

@@ -15,19 +15,31 @@ use std::sync::Arc;
 
 use bytes::{Bytes, BytesMut};
 
-use crate::config::Location;
-use crate::config::TargetHost;
+#[cfg(doc)]
+use crate::config::Surfaces;
+use crate::config::{HeaderUse, Location, Secret, TargetHost, CREDENTIAL_SCHEMES};
 use crate::secrets::{Finder, SecretSet};
 
 /// How many times the tripwire percent-decodes a path, query or header looking for a stub.
 pub(crate) const MAX_DECODES: usize = 4;
 
-/// A stub of a secret that is not bound to the request's target host.
+/// A stub the request may not carry where it does, toward this host.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Exfiltration {
     /// The secret's name (never its value or stub).
     pub secret: String,
     pub location: Location,
+    pub why: StubRefusal,
+}
+
+/// Why a stub was refused.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum StubRefusal {
+    /// Its secret is not bound to the target host.
+    Unbound,
+    /// Its secret is bound to the target, but this is not one of the secret's credential
+    /// surfaces (W01): a host that reflects the field would hand the real value back.
+    Undeclared,
 }
 
 /// Which secrets were injected where, for audit and metrics. Deduplicated, in first-seen order.
@@ -89,7 +101,7 @@ impl<'a> HostRules<'a> {
                     .map(|m| m.pattern().as_usize())
                     .find(|&id| !self.bound[id])
                 {
-                    return Err(self.exfiltration(id, location));
+                    return Err(self.refusal(id, location, StubRefusal::Unbound));
                 }
             }
             self.unbound_encoded(&decoded, location)?;
@@ -98,12 +110,12 @@ impl<'a> HostRules<'a> {
         Ok(())
     }
 
-    /// The tripwire on a header *name* (lowercase, as HTTP/2 sends it and as parsed: RFC 9110
-    /// §5.1): the stub of a secret this host is not bound to, in any case, refuses.
+    /// A header *name* (lowercase, as HTTP/2 sends it and as parsed: RFC 9110 §5.1) is never a
+    /// surface: any stub in it, in any case, refuses.
     pub fn header_name(&self, name: &str) -> Result<(), Exfiltration> {
         for (id, secret) in self.set.secrets().iter().enumerate() {
-            if !self.bound[id] && contains_ignore_ascii_case(name.as_bytes(), secret.stub.as_bytes()) {
-                return Err(self.exfiltration(id, Location::Header));
+            if contains_ignore_ascii_case(name.as_bytes(), secret.stub.as_bytes()) {
+                return Err(self.refusal(id, Location::Header, self.outside(id)));
             }
         }
         Ok(())
@@ -117,26 +129,42 @@ impl<'a> HostRules<'a> {
                 .map(|m| ids[m.pattern().as_usize()])
                 .find(|&id| !self.bound[id])
             {
-                return Err(self.exfiltration(id, location));
+                return Err(self.refusal(id, location, StubRefusal::Unbound));
             }
         }
         Ok(())
     }
 
-    /// Swap stubs in one header value; `Ok(None)` when nothing changed.
+    /// Swap stubs in the value of header `name` (lowercase); `Ok(None)` when nothing changed.
     ///
-    /// `Authorization: Basic <base64>` is decoded, swapped and re-encoded (RFC 7617), so credentials
-    /// in a URL (`https://user:STUB@host/`) work.
-    pub fn header_value(&self, value: &[u8], injections: &mut Injections) -> Result<Option<Vec<u8>>, Exfiltration> {
+    /// A stub is swapped only where its secret declares the header ([`Surfaces::header`]):
+    /// a declared `Authorization` with a [`CREDENTIAL_SCHEMES`] scheme, or a named header
+    /// anywhere in its value. `Authorization: Basic <base64>` is decoded, swapped and re-encoded
+    /// (RFC 7617), so credentials in a URL (`https://user:STUB@host/`) work.
+    pub fn header_value(
+        &self,
+        name: &str,
+        value: &[u8],
+        injections: &mut Injections,
+    ) -> Result<Option<Vec<u8>>, Exfiltration> {
         let Some(ac) = self.set.stub_automaton() else {
             return Ok(None);
         };
         self.tripwire(value, Location::Header)?;
-        let swapped = self.swap(ac, value, Location::Header, injections)?;
+        let scheme = (name == "authorization").then(|| auth_scheme(value)).flatten();
+        let allowed = |secret: &Secret, at: usize| match secret.surfaces.header(name) {
+            Some(HeaderUse::Whole) => true,
+            Some(HeaderUse::SchemeCredentials) => {
+                scheme.is_some_and(|(scheme, creds)| at >= creds && is_credential_scheme(scheme))
+            }
+            None => false,
+        };
+        let swapped = self.swap(ac, value, Location::Header, injections, allowed)?;
         let current = swapped.as_deref().unwrap_or(value);
         if let Some(encoded) = basic_credentials(current) {
             if let Ok(decoded) = BASE64.decode(encoded.trim_ascii()) {
-                if let Some(inner) = self.swap(ac, &decoded, Location::Header, injections)? {
+                let inside = |secret: &Secret, _: usize| secret.surfaces.header(name).is_some();
+                if let Some(inner) = self.swap(ac, &decoded, Location::Header, injections, inside)? {
                     let scheme_len = current.len() - encoded.len();
                     let mut out = current[..scheme_len].to_vec();
                     out.extend_from_slice(BASE64.encode(inner).as_bytes());
@@ -147,34 +175,57 @@ impl<'a> HostRules<'a> {
         Ok(swapped)
     }
 
-    /// Swap stubs in a request target's query (`/path?query`); stubs in the path are checked by
-    /// the tripwire but never swapped. `Ok(None)` when nothing changed.
+    /// Swap stubs in a request target's query (`/path?query`): only in the value of a parameter
+    /// its secret declares ([`Surfaces::query`], the name compared percent-decoded). A stub in
+    /// the path or in a parameter's name refuses. `Ok(None)` when nothing changed.
     pub fn path_and_query(&self, pq: &str, injections: &mut Injections) -> Result<Option<String>, Exfiltration> {
         let Some(ac) = self.set.stub_automaton() else {
             return Ok(None);
         };
         self.tripwire(pq.as_bytes(), Location::Query)?;
-        let (path, query) = match pq.split_once('?') {
-            Some((p, q)) => (p, Some(q)),
-            None => (pq, None),
-        };
-        // The path is never a location; a stub there is only checked for exfiltration.
-        for m in ac.find_iter(path.as_bytes()) {
-            if !self.bound[m.pattern().as_usize()] {
-                return Err(self.exfiltration(m.pattern().as_usize(), Location::Query));
-            }
-        }
-        let Some(query) = query else {
+        let Some(first) = ac.find_iter(pq.as_bytes()).next() else {
             return Ok(None);
         };
-        Ok(self.swap(ac, query.as_bytes(), Location::Query, injections)?.map(|q| {
-            // Stubs and values are printable ASCII (checked at load), so this stays valid UTF-8.
-            format!("{path}?{}", String::from_utf8_lossy(&q))
-        }))
+        let (path, query) = match pq.split_once('?') {
+            Some((p, q)) => (p, q),
+            None => (pq, ""),
+        };
+        if first.start() < path.len() {
+            let id = first.pattern().as_usize();
+            return Err(self.refusal(id, Location::Query, self.outside(id)));
+        }
+        let mut out = String::with_capacity(pq.len() + 64);
+        out.push_str(path);
+        out.push('?');
+        for (i, param) in query.split('&').enumerate() {
+            if i > 0 {
+                out.push('&');
+            }
+            let (name, value) = param.split_once('=').unwrap_or((param, ""));
+            if let Some(m) = ac.find_iter(name.as_bytes()).next() {
+                let id = m.pattern().as_usize();
+                return Err(self.refusal(id, Location::Query, self.outside(id)));
+            }
+            let decoded_name = percent_encoding::percent_decode_str(name).decode_utf8_lossy();
+            let allowed = |secret: &Secret, _: usize| secret.surfaces.query(&decoded_name);
+            out.push_str(name);
+            if param.len() > name.len() {
+                out.push('=');
+            }
+            match self.swap(ac, value.as_bytes(), Location::Query, injections, allowed)? {
+                // Stubs and values are printable ASCII (checked at load), so this stays valid UTF-8.
+                Some(v) => out.push_str(&String::from_utf8_lossy(&v)),
+                None => out.push_str(value),
+            }
+        }
+        Ok(Some(out))
     }
 
-    /// A rewriter for the request body, when some secret bound to this host allows `body`.
-    pub fn body_rewriter(&self) -> Option<StreamRewriter> {
+    /// A rewriter for the body of a `method` request to `path` (with its `Content-Type`), when
+    /// some secret bound to this host declares that body ([`Surfaces::body`]). Stubs anywhere
+    /// else in a body toward its bound host pass as they are: a conversation sent to a model
+    /// carries the stubs the agent has seen, and the upstream only ever sees a stub.
+    pub fn body_rewriter(&self, method: &str, path: &str, content_type: Option<&[u8]>) -> Option<StreamRewriter> {
         let ac = self.set.stub_automaton()?;
         let mut any = false;
         let replacements: Vec<Option<Bytes>> = self
@@ -183,7 +234,7 @@ impl<'a> HostRules<'a> {
             .iter()
             .zip(&self.bound)
             .map(|(s, &bound)| {
-                (bound && s.locations.contains(Location::Body)).then(|| {
+                (bound && s.surfaces.body(method, path, content_type)).then(|| {
                     any = true;
                     Bytes::from(s.value.clone())
                 })
@@ -192,30 +243,43 @@ impl<'a> HostRules<'a> {
         any.then(|| StreamRewriter::new(ac.clone(), self.set.stub_bytes().clone(), replacements))
     }
 
-    fn exfiltration(&self, secret: usize, location: Location) -> Exfiltration {
-        Exfiltration {
-            secret: self.set.secrets()[secret].name.clone(),
-            location,
+    /// Why the stub of secret `id` may not be where it is: its host, or its place.
+    fn outside(&self, id: usize) -> StubRefusal {
+        if self.bound[id] {
+            StubRefusal::Undeclared
+        } else {
+            StubRefusal::Unbound
         }
     }
 
+    fn refusal(&self, secret: usize, location: Location, why: StubRefusal) -> Exfiltration {
+        Exfiltration {
+            secret: self.set.secrets()[secret].name.clone(),
+            location,
+            why,
+        }
+    }
+
+    /// Swap every stub in `input` whose secret is bound and `allowed` there (given the match's
+    /// offset); any other stub refuses.
     fn swap(
         &self,
         ac: &Finder,
         input: &[u8],
         location: Location,
         injections: &mut Injections,
+        allowed: impl Fn(&Secret, usize) -> bool,
     ) -> Result<Option<Vec<u8>>, Exfiltration> {
         let mut out: Option<Vec<u8>> = None;
         let mut last = 0;
         for m in ac.find_iter(input) {
             let id = m.pattern().as_usize();
             if !self.bound[id] {
-                return Err(self.exfiltration(id, location));
+                return Err(self.refusal(id, location, StubRefusal::Unbound));
             }
             let secret = &self.set.secrets()[id];
-            if !secret.locations.contains(location) {
-                continue;
+            if !allowed(secret, m.start()) {
+                return Err(self.refusal(id, location, StubRefusal::Undeclared));
             }
             let buf = out.get_or_insert_with(|| Vec::with_capacity(input.len() + 64));
             buf.extend_from_slice(&input[last..m.start()]);
@@ -228,6 +292,22 @@ impl<'a> HostRules<'a> {
         }
         Ok(out)
     }
+}
+
+/// An `Authorization` value's scheme and the offset where its credentials start (RFC 9110
+/// §11.6.2: `scheme SP credentials`), when it has both.
+fn auth_scheme(value: &[u8]) -> Option<(&[u8], usize)> {
+    let start = value.len() - value.trim_ascii_start().len();
+    let rest = &value[start..];
+    let end = rest.iter().position(|b| *b == b' ')?;
+    let creds = start + end + rest[end..].iter().take_while(|b| **b == b' ').count();
+    (end > 0 && creds < value.len()).then_some((&rest[..end], creds))
+}
+
+fn is_credential_scheme(scheme: &[u8]) -> bool {
+    CREDENTIAL_SCHEMES
+        .iter()
+        .any(|s| s.as_bytes().eq_ignore_ascii_case(scheme))
 }
 
 fn contains_ignore_ascii_case(haystack: &[u8], needle: &[u8]) -> bool {
@@ -399,21 +479,17 @@ impl StreamRewriter {
 mod tests {
     use super::*;
     use crate::config::BindingSet;
-    use crate::config::{LocationSet, Secret};
+    use crate::config::{Secret, Surfaces};
     use aho_corasick::{AhoCorasickBuilder, MatchKind};
     use proptest::prelude::*;
 
-    fn secret(name: &str, stub: &str, value: &str, hosts: &[&str], locs: &[Location]) -> Secret {
-        let mut locations = LocationSet::default();
-        for l in locs {
-            locations.insert(*l);
-        }
+    fn secret(name: &str, stub: &str, value: &str, hosts: &[&str], surfaces: &[&str]) -> Secret {
         Secret {
             name: name.into(),
             stub: stub.into(),
             value: value.into(),
             hosts: BindingSet(hosts.iter().map(|h| h.parse().expect("binding")).collect()),
-            locations,
+            surfaces: Surfaces(surfaces.iter().map(|s| s.parse().expect("surface")).collect()),
         }
     }
 
@@ -424,14 +500,19 @@ mod tests {
                 "sk-ant-STUB-aaaa",
                 "sk-ant-REAL-1111",
                 &["api.anthropic.com"],
-                &[Location::Header],
+                &["header"],
             ),
             secret(
                 "GITHUB_TOKEN",
                 "ghp_STUBbbbbbbbb",
                 "ghp_REAL22222222",
                 &["github.com", "api.github.com"],
-                &[Location::Header, Location::Query, Location::Body],
+                &[
+                    "header",
+                    "header:x-probe",
+                    "query",
+                    "body:POST /login/oauth/access_token",
+                ],
             ),
         ])
     }
@@ -446,7 +527,7 @@ mod tests {
         let rules = HostRules::new(&set, &host("api.anthropic.com"), 443);
         let mut inj = Injections::default();
         let out = rules
-            .header_value(b"Bearer sk-ant-STUB-aaaa", &mut inj)
+            .header_value("authorization", b"Bearer sk-ant-STUB-aaaa", &mut inj)
             .expect("ok")
             .expect("changed");
         assert_eq!(out, b"Bearer sk-ant-REAL-1111");
@@ -459,7 +540,7 @@ mod tests {
         let rules = HostRules::new(&set, &host("api.anthropic.com"), 443);
         let mut inj = Injections::default();
         let out = rules
-            .header_value(b"sk-ant-STUB-aaaa,sk-ant-STUB-aaaa", &mut inj)
+            .header_value("x-api-key", b"sk-ant-STUB-aaaa,sk-ant-STUB-aaaa", &mut inj)
             .expect("ok")
             .expect("changed");
         assert_eq!(out, b"sk-ant-REAL-1111,sk-ant-REAL-1111");
@@ -471,13 +552,14 @@ mod tests {
         let set = set();
         let rules = HostRules::new(&set, &host("api.github.com"), 443);
         let err = rules
-            .header_value(b"x sk-ant-STUB-aaaa", &mut Injections::default())
+            .header_value("x-api-key", b"x sk-ant-STUB-aaaa", &mut Injections::default())
             .expect_err("blocked");
         assert_eq!(
             err,
             Exfiltration {
                 secret: "ANTHROPIC_API_KEY".into(),
-                location: Location::Header
+                location: Location::Header,
+                why: StubRefusal::Unbound,
             }
         );
     }
@@ -487,7 +569,7 @@ mod tests {
         let set = set();
         let rules = HostRules::new(&set, &host("api.anthropic.com"), 443);
         assert_eq!(
-            rules.header_value(b"application/json", &mut Injections::default()),
+            rules.header_value("x-api-key", b"application/json", &mut Injections::default()),
             Ok(None)
         );
     }
@@ -499,7 +581,7 @@ mod tests {
         let header = format!("Basic {}", BASE64.encode("x-access-token:ghp_STUBbbbbbbbb"));
         let mut inj = Injections::default();
         let out = rules
-            .header_value(header.as_bytes(), &mut inj)
+            .header_value("authorization", header.as_bytes(), &mut inj)
             .expect("ok")
             .expect("changed");
         assert_eq!(
@@ -515,7 +597,7 @@ mod tests {
         let rules = HostRules::new(&set, &host("evil.example"), 443);
         let header = format!("basic {}", BASE64.encode("x:ghp_STUBbbbbbbbb"));
         assert!(rules
-            .header_value(header.as_bytes(), &mut Injections::default())
+            .header_value("authorization", header.as_bytes(), &mut Injections::default())
             .is_err());
     }
 
@@ -524,27 +606,89 @@ mod tests {
         let set = set();
         let rules = HostRules::new(&set, &host("github.com"), 443);
         assert_eq!(
-            rules.header_value(b"Basic !!!not-base64", &mut Injections::default()),
+            rules.header_value("authorization", b"Basic !!!not-base64", &mut Injections::default()),
             Ok(None)
         );
     }
 
     #[test]
-    fn query_is_swapped_only_when_allowed() {
+    fn query_is_swapped_only_in_a_declared_parameter() {
         let set = set();
         let gh = HostRules::new(&set, &host("api.github.com"), 443);
         let mut inj = Injections::default();
         let out = gh
-            .path_and_query("/repos?access_token=ghp_STUBbbbbbbbb&x=1", &mut inj)
+            .path_and_query("/repos?access_token=ghp_STUBbbbbbbbb&x=1&flag", &mut inj)
             .expect("ok");
-        assert_eq!(out.as_deref(), Some("/repos?access_token=ghp_REAL22222222&x=1"));
+        assert_eq!(out.as_deref(), Some("/repos?access_token=ghp_REAL22222222&x=1&flag"));
         assert_eq!(inj.0, vec![(1, Location::Query)]);
-
-        let an = HostRules::new(&set, &host("api.anthropic.com"), 443);
-        let out = an
-            .path_and_query("/v1?key=sk-ant-STUB-aaaa", &mut Injections::default())
+        // The name compared decoded: `access%5Ftoken` is `access_token`.
+        let out = gh
+            .path_and_query("/r?access%5Ftoken=ghp_STUBbbbbbbbb", &mut Injections::default())
             .expect("ok");
-        assert_eq!(out, None, "header-only secret is not swapped in the query");
+        assert_eq!(out.as_deref(), Some("/r?access%5Ftoken=ghp_REAL22222222"));
+        assert_eq!(gh.path_and_query("/r?q=1", &mut Injections::default()), Ok(None));
+
+        // W01: a parameter, a name or a path that is not a surface refuses, bound or not.
+        for pq in [
+            "/search?q=ghp_STUBbbbbbbbb",
+            "/r?ghp_STUBbbbbbbbb=1",
+            "/r?ghp_STUBbbbbbbbb",
+            "/repos/ghp_STUBbbbbbbbb?x=1",
+        ] {
+            let err = gh.path_and_query(pq, &mut Injections::default()).expect_err(pq);
+            assert_eq!(
+                (err.secret.as_str(), err.why),
+                ("GITHUB_TOKEN", StubRefusal::Undeclared),
+                "{pq}"
+            );
+        }
+        let an = HostRules::new(&set, &host("api.anthropic.com"), 443);
+        let err = an
+            .path_and_query("/v1?key=sk-ant-STUB-aaaa", &mut Injections::default())
+            .expect_err("a header-only secret in the query");
+        assert_eq!(err.why, StubRefusal::Undeclared);
+    }
+
+    /// W01: toward its bound host, a stub is swapped only in a declared header; anywhere else in
+    /// the head it is refused, so a host that reflects the field never sees the real value.
+    #[test]
+    fn a_header_is_swapped_only_where_declared() {
+        let set = set();
+        let gh = HostRules::new(&set, &host("api.github.com"), 443);
+        let swapped = |name: &str, value: &str| gh.header_value(name, value.as_bytes(), &mut Injections::default());
+        for (name, value, want) in [
+            ("authorization", "token ghp_STUBbbbbbbbb", "token ghp_REAL22222222"),
+            ("authorization", "Bearer ghp_STUBbbbbbbbb", "Bearer ghp_REAL22222222"),
+            ("authorization", "BEARER  ghp_STUBbbbbbbbb", "BEARER  ghp_REAL22222222"),
+            ("private-token", "ghp_STUBbbbbbbbb", "ghp_REAL22222222"),
+            ("x-probe", "named ghp_STUBbbbbbbbb", "named ghp_REAL22222222"),
+        ] {
+            assert_eq!(
+                swapped(name, value),
+                Ok(Some(want.as_bytes().to_vec())),
+                "{name}: {value}"
+            );
+        }
+        for (name, value) in [
+            ("x-other", "ghp_STUBbbbbbbbb"),
+            ("cookie", "session=ghp_STUBbbbbbbbb"),
+            ("user-agent", "ghp_STUBbbbbbbbb"),
+            ("authorization", "Digest ghp_STUBbbbbbbbb"),
+            ("authorization", "ghp_STUBbbbbbbbb"),
+            ("authorization", "ghp_STUBbbbbbbbb x"),
+        ] {
+            let err = swapped(name, value).expect_err(value);
+            assert_eq!(
+                (err.secret.as_str(), err.why, err.location),
+                ("GITHUB_TOKEN", StubRefusal::Undeclared, Location::Header),
+                "{name}: {value}"
+            );
+        }
+        let basic = format!("Basic {}", BASE64.encode("u:ghp_STUBbbbbbbbb"));
+        assert!(swapped("x-other", &basic).is_err(), "inside Basic outside a surface");
+        // A stub in a header name refuses, bound or not.
+        let err = gh.header_name("x-ghp_stubbbbbbbbb").expect_err("name");
+        assert_eq!(err.why, StubRefusal::Undeclared);
     }
 
     #[test]
@@ -574,7 +718,7 @@ mod tests {
             STANDARD.encode(format!("user:{stub}")),
         ] {
             let err = rules
-                .header_value(value.as_bytes(), &mut Injections::default())
+                .header_value("x-api-key", value.as_bytes(), &mut Injections::default())
                 .expect_err(&value);
             assert_eq!(err.secret, "ANTHROPIC_API_KEY", "{value}");
         }
@@ -592,27 +736,37 @@ mod tests {
         let bound = HostRules::new(&set, &host("api.anthropic.com"), 443);
         let encoded = STANDARD.encode(stub);
         assert_eq!(
-            bound.header_value(encoded.as_bytes(), &mut Injections::default()),
+            bound.header_value("x-api-key", encoded.as_bytes(), &mut Injections::default()),
             Ok(None)
         );
         // Ordinary base64 and percent-encoding pass.
         for value in [STANDARD.encode("an ordinary credential"), "%2Fhome%2Fuser".to_owned()] {
             assert!(
-                rules.header_value(value.as_bytes(), &mut Injections::default()).is_ok(),
+                rules
+                    .header_value("x-api-key", value.as_bytes(), &mut Injections::default())
+                    .is_ok(),
                 "{value}"
             );
         }
     }
 
     #[test]
-    fn body_rewriter_exists_only_when_body_is_allowed() {
+    fn body_rewriter_exists_only_for_a_declared_body() {
         let set = set();
+        let route = ("POST", "/login/oauth/access_token", Some(&b"application/json"[..]));
         assert!(HostRules::new(&set, &host("api.anthropic.com"), 443)
-            .body_rewriter()
+            .body_rewriter(route.0, route.1, route.2)
             .is_none());
-        let mut rw = HostRules::new(&set, &host("github.com"), 443)
-            .body_rewriter()
-            .expect("rewriter");
+        let gh = HostRules::new(&set, &host("github.com"), 443);
+        assert!(
+            gh.body_rewriter("POST", "/gists", route.2).is_none(),
+            "not the declared route"
+        );
+        assert!(
+            gh.body_rewriter("GET", route.1, route.2).is_none(),
+            "not the declared method"
+        );
+        let mut rw = gh.body_rewriter(route.0, route.1, route.2).expect("rewriter");
         let mut out = rw.push(Bytes::from_static(b"{\"t\":\"ghp_STUB"));
         out = [
             out,

@@ -317,21 +317,19 @@ where
 mod tests {
     use super::*;
     use crate::config::BindingSet;
-    use crate::config::{Location, LocationSet, Secret};
+    use crate::config::{Secret, Surfaces};
     use std::sync::Arc;
 
     const STUB: &str = "lap_stub_ws_0123456789abcdef";
     const REAL: &str = "sk-real-ws-value-0123456789";
 
     fn secrets() -> Arc<SecretSet> {
-        let mut locations = LocationSet::default();
-        locations.insert(Location::Header);
         Arc::new(SecretSet::new(vec![Secret {
             name: "ws".into(),
             stub: STUB.into(),
             value: REAL.into(),
             hosts: BindingSet(vec!["ws.example".parse().expect("binding")]),
-            locations,
+            surfaces: Surfaces::default(),
         }]))
     }
 

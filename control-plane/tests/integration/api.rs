@@ -280,11 +280,27 @@ async fn secrets_registry(h: &Harness) {
         r,
         "PUT",
         &format!("/api/v1/secrets/{name}"),
-        Some(json!({"value": "sk-ROTATED", "hosts": ["api.example.com"], "locations": ["header", "body"]})),
+        Some(json!({"value": "sk-ROTATED", "hosts": ["api.example.com"], "locations": ["header", "cookie"]})),
+    )
+    .await;
+    assert_eq!(s, StatusCode::BAD_REQUEST, "{v}");
+    assert!(
+        v["error"]
+            .as_str()
+            .unwrap()
+            .starts_with("locations[1]: `cookie` is not one of"),
+        "{v}"
+    );
+    let surfaces = json!(["header:x-api-key", "query:key", "body:POST /oauth/token"]);
+    let (s, v) = call(
+        r,
+        "PUT",
+        &format!("/api/v1/secrets/{name}"),
+        Some(json!({"value": "sk-ROTATED", "hosts": ["api.example.com"], "locations": surfaces})),
     )
     .await;
     assert_eq!(s, StatusCode::OK, "{v}");
-    assert_eq!(v["locations"], json!(["header", "body"]));
+    assert_eq!(v["locations"], surfaces);
     assert_eq!(h.app.get_secret(&name).await.unwrap().value, "sk-ROTATED");
     let (s, v) = call(r, "GET", "/api/v1/secrets?limit=200", None).await;
     assert_eq!(s, StatusCode::OK);

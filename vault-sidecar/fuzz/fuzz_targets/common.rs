@@ -1,5 +1,6 @@
-//! A fixed secret set shared by the rewriter targets: three header secrets bound to distinct hosts and
-//! one body-only secret. No stub is a prefix of another and stubs hold `-`/`_` (never base64 text).
+//! A fixed secret set shared by the rewriter targets: two header secrets bound to distinct hosts, one
+//! query secret and one body secret, each with one credential surface ([`surface`]). No stub is a
+//! prefix of another and stubs hold `-`/`_` (never base64 text) and never `&`, `=`, `?` or `%`.
 #![allow(dead_code)]
 
 use std::sync::OnceLock;
@@ -24,6 +25,20 @@ pub const SECRETS: [(&str, &str, &str, &str); 4] = [
     ),
 ];
 
+/// The header, query parameter and body route of the surfaces.
+pub const HEADER: &str = "x-fuzz";
+pub const PARAM: &str = "q";
+pub const ROUTE: (&str, &str) = ("POST", "/upload");
+
+/// The one credential surface of a secret of kind `kind`.
+pub fn surface(kind: &str) -> String {
+    match kind {
+        "header" => format!("header:{HEADER}"),
+        "query" => format!("query:{PARAM}"),
+        _ => format!("body:{} {}", ROUTE.0, ROUTE.1),
+    }
+}
+
 /// Hosts: index 0 binds ANTHROPIC/QUERY/BODY, 1 binds GITHUB, 2 binds nothing.
 pub const HOSTS: [&str; 3] = ["api.anthropic.com", "github.com", "attacker.example"];
 
@@ -40,7 +55,8 @@ pub fn set() -> &'static SecretSet {
 pub fn build_set() -> SecretSet {
     {
         let mut toml = String::new();
-        for (i, (name, stub, value, loc)) in SECRETS.iter().enumerate() {
+        for (i, (name, stub, value, kind)) in SECRETS.iter().enumerate() {
+            let loc = surface(kind);
             let host = if i == 1 { "github.com" } else { "api.anthropic.com" };
             toml.push_str(&format!(
                 "[[secrets]]\nname = \"{name}\"\nstub = \"{stub}\"\nvalue = \"{value}\"\nhosts = [\"{host}\"]\nlocations = [\"{loc}\"]\n"

@@ -1,6 +1,7 @@
-//! `rewrite::HostRules::header_value`, plain and inside `Authorization: Basic`, against a reference:
-//! a stub of a secret not bound to the host is always refused (tripwire); otherwise exactly the
-//! header-located stubs of bound secrets are replaced, and nothing else changes.
+//! `rewrite::HostRules::header_value` (plain and inside `Basic` credentials) and `path_and_query`
+//! against a reference: a stub of a secret not bound to the host, or outside its secret's one
+//! credential surface (`header:x-fuzz`, `query:q`), is always refused; otherwise every stub is
+//! replaced by its value and nothing else changes.
 #![no_main]
 
 mod common;
@@ -11,21 +12,21 @@ use lap_vault_sidecar::TargetHost;
 use lap_vault_sidecar::{HostRules, Injections};
 use libfuzzer_sys::fuzz_target;
 
-use common::{bound, contains, expand, replace_reference, set, HOSTS, SECRETS};
+use common::{bound, contains, expand, replace_reference, set, HEADER, HOSTS, PARAM, SECRETS};
 
-/// What header_value must do with `input` toward host `h`: `Err(())` for the tripwire, else the output.
+/// What header_value must do with `input` in header `x-fuzz` toward host `h`: `Err(())` for a
+/// refusal, else the output.
 fn expected(input: &[u8], h: usize) -> Result<Vec<u8>, ()> {
-    expected_at(input, h, "header")
+    expected_at(input, h, Some("header"))
 }
 
-/// The same for location `loc` ("header" or "query").
-fn expected_at(input: &[u8], h: usize, loc: &str) -> Result<Vec<u8>, ()> {
+/// The same where stubs of kind `kind` are swapped (`None`: nowhere, every stub refuses).
+fn expected_at(input: &[u8], h: usize, kind: Option<&str>) -> Result<Vec<u8>, ()> {
     let pats: Vec<&[u8]> = SECRETS.iter().map(|s| s.1.as_bytes()).collect();
-    // Leftmost scan: the first unbound stub found trips (bound stubs before it are irrelevant).
     let mut i = 0;
     while i < input.len() {
         if let Some((k, p)) = pats.iter().enumerate().find(|(_, p)| input[i..].starts_with(p)) {
-            if !bound(k, h) {
+            if !bound(k, h) || Some(SECRETS[k].3) != kind {
                 return Err(());
             }
             i += p.len();
@@ -33,12 +34,30 @@ fn expected_at(input: &[u8], h: usize, loc: &str) -> Result<Vec<u8>, ()> {
             i += 1;
         }
     }
-    let reps: Vec<Option<&[u8]>> = SECRETS
-        .iter()
-        .enumerate()
-        .map(|(k, s)| (bound(k, h) && s.3 == loc).then_some(s.2.as_bytes()))
-        .collect();
+    let reps: Vec<Option<&[u8]>> = SECRETS.iter().map(|s| Some(s.2.as_bytes())).collect();
     Ok(replace_reference(input, &pats, &reps))
+}
+
+/// What path_and_query must do with `pq` toward host `h`: stubs only in the value of `q`.
+fn expected_target(pq: &str, h: usize) -> Result<Vec<u8>, ()> {
+    let Some((path, query)) = pq.split_once('?') else {
+        return expected_at(pq.as_bytes(), h, None);
+    };
+    let mut out = expected_at(path.as_bytes(), h, None)?;
+    out.push(b'?');
+    for (i, param) in query.split('&').enumerate() {
+        if i > 0 {
+            out.push(b'&');
+        }
+        let (name, value) = param.split_once('=').unwrap_or((param, ""));
+        out.extend_from_slice(&expected_at(name.as_bytes(), h, None)?);
+        if param.len() > name.len() {
+            out.push(b'=');
+        }
+        let swaps = (name == PARAM || name.eq_ignore_ascii_case("%71")).then_some("query");
+        out.extend_from_slice(&expected_at(value.as_bytes(), h, swaps)?);
+    }
+    Ok(out)
 }
 
 fuzz_target!(|data: &[u8]| {
@@ -53,7 +72,7 @@ fuzz_target!(|data: &[u8]| {
     // Plain header value. (Without a Basic prefix, base64 decoding never runs when `value` is not
     // Basic-shaped; when it is, the Basic check below covers it.)
     let mut inj = Injections::default();
-    let got = rules.header_value(&value, &mut inj);
+    let got = rules.header_value(HEADER, &value, &mut inj);
     let is_basic = value.trim_ascii_start().len() > 6
         && value.trim_ascii_start()[..5].eq_ignore_ascii_case(b"basic")
         && value.trim_ascii_start()[5].is_ascii_whitespace();
@@ -79,7 +98,7 @@ fuzz_target!(|data: &[u8]| {
     // The same bytes as Basic credentials: decoded, checked, swapped, re-encoded.
     let header = format!("Basic {}", BASE64.encode(&value));
     let mut inj = Injections::default();
-    let got = rules.header_value(header.as_bytes(), &mut inj);
+    let got = rules.header_value(HEADER, header.as_bytes(), &mut inj);
     match (expected(&value, h), got) {
         (Err(()), Err(_)) => {}
         (Ok(want), Ok(out)) => {
@@ -94,28 +113,17 @@ fuzz_target!(|data: &[u8]| {
         ),
     }
     // A real value never appears toward a host its secret is not bound to, unless the client sent it.
-    if let Ok(Some(out)) = rules.header_value(&value, &mut Injections::default()) {
+    if let Ok(Some(out)) = rules.header_value(HEADER, &value, &mut Injections::default()) {
         for (k, s) in SECRETS.iter().enumerate() {
             if !bound(k, h) {
                 assert!(!contains(&out, s.2.as_bytes()) || contains(&value, s.2.as_bytes()));
             }
         }
     }
-    // The request target: stubs in the path are only checked, in the query swapped where allowed.
+    // The request target: stubs only in the value of the declared parameter.
     if let Ok(pq) = std::str::from_utf8(&value) {
         let got = rules.path_and_query(pq, &mut Injections::default());
-        let (path, query) = match pq.split_once('?') {
-            Some((p, q)) => (p, Some(q)),
-            None => (pq, None),
-        };
-        let want = expected_at(path.as_bytes(), h, "none").and_then(|_| match query {
-            None => Ok(pq.as_bytes().to_vec()),
-            Some(q) => expected_at(q.as_bytes(), h, "query").map(|q2| {
-                let mut v = format!("{path}?").into_bytes();
-                v.extend_from_slice(&q2);
-                v
-            }),
-        });
+        let want = expected_target(pq, h);
         match (want, got) {
             (Err(()), Err(_)) => {}
             (Ok(want), Ok(out)) => {

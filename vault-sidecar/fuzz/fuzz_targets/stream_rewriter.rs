@@ -9,7 +9,7 @@ use lap_vault_sidecar::TargetHost;
 use lap_vault_sidecar::{redactor, HostRules, StreamRewriter};
 use libfuzzer_sys::fuzz_target;
 
-use common::{expand, replace_reference, set, HOSTS, SECRETS};
+use common::{expand, replace_reference, set, HOSTS, ROUTE, SECRETS};
 
 fn run(mut rw: StreamRewriter, body: &[u8], cuts: &[usize], max_pat: usize) -> Vec<u8> {
     let mut out = Vec::new();
@@ -62,7 +62,8 @@ fuzz_target!(|data: &[u8]| {
         .collect();
     let max_stub = stub_pats.iter().map(|v| v.len()).max().unwrap_or(0);
     let want = replace_reference(&body, &stub_pats, &reps);
-    let got = run(rules.body_rewriter().expect("body rewriter"), &body, &cuts, max_stub);
+    let rewriter = rules.body_rewriter(ROUTE.0, ROUTE.1, None).expect("body rewriter");
+    let got = run(rewriter, &body, &cuts, max_stub);
     assert_eq!(
         got, want,
         "chunked body swap differs from the reference (cuts {cuts:?})"

@@ -10,7 +10,7 @@ use crate::connect::Target;
 use crate::decode::{self, Coding};
 use crate::headers::strip_hop_by_hop;
 use crate::refusal::{BlockReason, ErrorKind, Refusal};
-use crate::rewrite::{self, Exfiltration, HostRules, Injections};
+use crate::rewrite::{self, Exfiltration, HostRules, Injections, StubRefusal};
 use crate::secrets::SecretSet;
 
 /// Whether a request's authority (h2 `:authority`, else `Host`) names the CONNECT target.
@@ -44,11 +44,21 @@ pub(crate) fn host_matches(host: &str, target: &TargetHost) -> bool {
     }
 }
 
-/// The refusal for a stub sent toward a host its secret is not bound to.
+/// The refusal for a stub sent toward a host its secret is not bound to, or outside its
+/// secret's credential surfaces.
 pub(crate) fn exfiltration(ex: Exfiltration, target: &Target) -> Refusal {
-    tracing::warn!(host = %target.host, secret = %ex.secret, location = ex.location.as_str(), "stub sent to a host its secret is not bound to; refused");
+    let reason = match ex.why {
+        StubRefusal::Unbound => {
+            tracing::warn!(host = %target.host, secret = %ex.secret, location = ex.location.as_str(), "stub sent to a host its secret is not bound to; refused");
+            BlockReason::StubExfiltration
+        }
+        StubRefusal::Undeclared => {
+            tracing::warn!(host = %target.host, secret = %ex.secret, location = ex.location.as_str(), "stub sent outside its secret's credential surfaces; refused");
+            BlockReason::StubOutsideSurface
+        }
+    };
     Refusal::Blocked {
-        reason: BlockReason::StubExfiltration,
+        reason,
         host: target.host.to_string(),
         secret: Some((ex.secret, ex.location.as_str())),
         detail: None,
@@ -98,7 +108,7 @@ pub(crate) fn rewrite_request(
             .header_name(name.as_str())
             .map_err(|ex| exfiltration(ex, target))?;
         if let Some(swapped) = rules
-            .header_value(value.as_bytes(), injections)
+            .header_value(name.as_str(), value.as_bytes(), injections)
             .map_err(|ex| exfiltration(ex, target))?
         {
             *value = HeaderValue::from_bytes(&swapped).map_err(|_| {
@@ -187,23 +197,19 @@ pub(crate) fn content_length(headers: &http::HeaderMap) -> Option<u64> {
 mod tests {
     use super::*;
     use crate::config::BindingSet;
-    use crate::config::{Location, LocationSet, Secret};
+    use crate::config::{Location, Secret, Surfaces};
     use crate::connect::parse_target;
 
     const STUB: &str = "lap_stub_anthropic_0123456789";
     const REAL: &str = "sk-ant-real-value-0123456789";
 
     fn set() -> SecretSet {
-        let mut locations = LocationSet::default();
-        for l in [Location::Header, Location::Query, Location::Body] {
-            locations.insert(l);
-        }
         SecretSet::new(vec![Secret {
             name: "anthropic".into(),
             stub: STUB.into(),
             value: REAL.into(),
             hosts: BindingSet(vec!["api.anthropic.com".parse().expect("binding")]),
-            locations,
+            surfaces: Surfaces(["header", "query:key"].map(|s| s.parse().expect("surface")).to_vec()),
         }])
     }
 

@@ -42,7 +42,11 @@ pub(crate) async fn request_body(
     let rewriter = if http_body::Body::is_end_stream(&body) {
         None
     } else {
-        rules.body_rewriter()
+        rules.body_rewriter(
+            parts.method.as_str(),
+            parts.uri.path(),
+            parts.headers.get(header::CONTENT_TYPE).map(HeaderValue::as_bytes),
+        )
     };
     let rewriter = match rewriter {
         Some(_) if !head::identity_body(parts) => {

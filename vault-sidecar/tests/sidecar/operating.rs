@@ -626,7 +626,13 @@ const ROT_V3: &str = "REAL-rotating-v3-cccccccccccc";
 const ROT_V4: &str = "REAL-rotating-v4-dddddddddddd";
 
 fn rot(value: &str) -> SecretSpec {
-    SecretSpec::new("ROTATING_TOKEN", ROT_STUB, value, &["api.github.com"], &["header"])
+    SecretSpec::new(
+        "ROTATING_TOKEN",
+        ROT_STUB,
+        value,
+        &["api.github.com"],
+        &["header:x-rot"],
+    )
 }
 
 /// Sends the rotating stub once (tagged) and returns the value the upstream received for it.
@@ -813,7 +819,7 @@ async fn admin_api_adds_rotates_and_revokes_secrets() {
     // Add: the stub is swapped toward its host from the next request on.
     let r = put(
         "ROTATING_TOKEN",
-        serde_json::json!({"stub": ROT_STUB, "value": ROT_V1, "hosts": ["api.github.com"]}),
+        serde_json::json!({"stub": ROT_STUB, "value": ROT_V1, "hosts": ["api.github.com"], "locations": ["header:x-rot"]}),
     )
     .await;
     assert_eq!(r.status, 200, "{}", r.body_text());
@@ -822,7 +828,7 @@ async fn admin_api_adds_rotates_and_revokes_secrets() {
     // Rotate: no stub given, the stub stays.
     let r = put(
         "ROTATING_TOKEN",
-        serde_json::json!({"value": ROT_V2, "hosts": ["api.github.com"]}),
+        serde_json::json!({"value": ROT_V2, "hosts": ["api.github.com"], "locations": ["header:x-rot"]}),
     )
     .await;
     assert_eq!(r.status, 200, "{}", r.body_text());
@@ -847,7 +853,7 @@ async fn admin_api_adds_rotates_and_revokes_secrets() {
     let r = h.sidecar.admin_request("DELETE", "/secrets/ROTATING_TOKEN", b"").await;
     assert_eq!(r.status, 404, "{}", r.body_text());
     // Replace the whole managed set.
-    let body = serde_json::json!({"secrets": [{"name": "ROTATING_TOKEN", "stub": ROT_STUB, "value": ROT_V4, "hosts": ["api.github.com"]}]});
+    let body = serde_json::json!({"secrets": [{"name": "ROTATING_TOKEN", "stub": ROT_STUB, "value": ROT_V4, "hosts": ["api.github.com"], "locations": ["header:x-rot"]}]});
     let r = h
         .sidecar
         .admin_request("PUT", "/secrets", body.to_string().as_bytes())

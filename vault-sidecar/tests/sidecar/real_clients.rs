@@ -988,17 +988,30 @@ hosts = ["api.anthropic.com"]
     let good = dir.path().join("good.toml");
     std::fs::write(
         &good,
-        "listen = \"127.0.0.1:14322\"\n[[secrets]]\nname = \"K\"\nstub = \"lapstub-k\"\nvalue = \"value-of-k\"\nhosts = [\"api.anthropic.com\"]\n",
+        "listen = \"127.0.0.1:14322\"\n[[secrets]]\nname = \"K\"\nstub = \"lapstub-k\"\nvalue = \"value-of-k\"\nhosts = [\"api.anthropic.com\"]\n\
+         [[secrets]]\nname = \"G\"\nstub = \"lapstub-g\"\nvalue = \"value-of-g\"\nhosts = [\"git.example:8443\"]\n\
+         locations = [\"header:X-Token\", \"body:POST /oauth/token\"]\n",
     )
     .expect("write");
     let out = run_sidecar_cmd(&["check", "--config", &good.to_string_lossy()]).await;
+    let stdout = String::from_utf8_lossy(&out.stdout);
     assert_eq!(
         out.status.code(),
         Some(0),
-        "{}{}",
-        String::from_utf8_lossy(&out.stdout),
+        "{stdout}{}",
         String::from_utf8_lossy(&out.stderr)
     );
+    // Each secret with its hosts and surfaces, never its stub or value.
+    assert!(stdout.contains("ok (2 secrets)"), "{stdout}");
+    assert!(
+        stdout.contains("  K: sent to api.anthropic.com; swapped in header\n"),
+        "{stdout}"
+    );
+    assert!(
+        stdout.contains("  G: sent to git.example:8443; swapped in header:x-token, body:POST /oauth/token\n"),
+        "{stdout}"
+    );
+    assert!(!stdout.contains("lapstub") && !stdout.contains("value-of"), "{stdout}");
 }
 
 /// Runs a `bash -o pipefail` pipeline (curl streaming through the sidecar) without the machine's CA
@@ -1229,6 +1242,97 @@ async fn a_binding_is_for_its_port_only() {
     }
 }
 
+/// W01: toward its bound host, a stub is swapped only in its secret's credential surfaces
+/// (`ANTHROPIC_API_KEY` declares the bare `header`: `x-api-key`, `authorization` with Bearer, …).
+/// `x-probe: STUB` to a host that reflects every header in its body, and the stub in a cookie, a
+/// query parameter, the path or an `Authorization` of another scheme, is refused: the upstream
+/// never sees the request, so no reflection (in any form the redactor might miss) can carry the
+/// real value back. A body that is not a declared surface keeps the stub. Over HTTP/1.1 and h2.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn w01_a_stub_outside_its_surfaces_is_refused_toward_its_bound_host() {
+    let h = Harness::default_setup().await;
+    for proto in ["--http1.1", "--http2"] {
+        let before = h.upstream.requests().len();
+        let refused = [
+            (format!("x-probe: {ANTHROPIC_STUB}"), "/echo".to_owned()),
+            (format!("cookie: session={ANTHROPIC_STUB}"), "/echo".to_owned()),
+            (format!("authorization: Digest {ANTHROPIC_STUB}"), "/echo".to_owned()),
+            ("x-case: query".to_owned(), format!("/echo?q={ANTHROPIC_STUB}")),
+            ("x-case: path".to_owned(), format!("/echo/{ANTHROPIC_STUB}")),
+        ];
+        for (header, path) in refused {
+            let out = h
+                .sidecar
+                .curl()
+                .args([proto, "-H", &header])
+                .arg(format!("https://api.anthropic.com{path}"))
+                .run()
+                .await
+                .ok();
+            assert_eq!(out.status, 403, "{proto} {header} {path}: {}", out.body_text());
+            assert_eq!(
+                out.header("x-vault-blocked"),
+                Some("stub-outside-surface"),
+                "{proto} {header}"
+            );
+            let body: serde_json::Value = serde_json::from_str(&out.body_text()).expect("json refusal");
+            assert_eq!(body["secret"], "ANTHROPIC_API_KEY", "{body}");
+            assert!(!out.body_text().contains(ANTHROPIC_REAL));
+        }
+        assert_eq!(
+            h.upstream.requests().len(),
+            before,
+            "{proto}: {:#?}",
+            h.upstream.requests()
+        );
+
+        // The declared header is swapped, and its reflection comes back as the stub.
+        let out = h
+            .sidecar
+            .curl()
+            .args([proto, "-H", &format!("x-api-key: {ANTHROPIC_STUB}"), "-H"])
+            .arg(format!("x-proto: {proto}"))
+            .arg("https://api.anthropic.com/echo")
+            .run()
+            .await
+            .ok();
+        assert_eq!(out.status, 200, "{proto}: {}", out.body_text());
+        let rec = h
+            .upstream
+            .requests()
+            .into_iter()
+            .find(|r| r.header("x-proto") == Some(proto))
+            .expect("upstream saw the declared request");
+        assert_eq!(rec.header("x-api-key"), Some(ANTHROPIC_REAL));
+        assert!(out.body_text().contains(ANTHROPIC_STUB) && !out.body_text().contains(ANTHROPIC_REAL));
+
+        // A JSON body is not ANTHROPIC_API_KEY's surface: it reaches the upstream with the stub.
+        let out = h
+            .sidecar
+            .curl()
+            .args([proto, "-H", "content-type: application/json", "-H"])
+            .arg(format!("x-case: body{proto}"))
+            .arg("--data-binary")
+            .arg(format!("{{\"prompt\":\"the key is {ANTHROPIC_STUB}\"}}"))
+            .arg("https://api.anthropic.com/upload")
+            .run()
+            .await
+            .ok();
+        assert_eq!(out.status, 200, "{proto}: {}", out.body_text());
+        let rec = h
+            .upstream
+            .requests()
+            .into_iter()
+            .find(|r| r.header("x-case") == Some(&format!("body{proto}")))
+            .expect("upstream saw the body");
+        assert!(
+            rec.contains(ANTHROPIC_STUB) && !rec.contains(ANTHROPIC_REAL),
+            "{rec:#?}"
+        );
+    }
+    h.assert_logs_clean();
+}
+
 const IP_STUB: &str = "lapstub-ip-1f2e3d4c5b6a";
 const IP_REAL: &str = "REAL-ip-target-6a5b4c3d2e1f";
 
@@ -1369,8 +1473,8 @@ async fn config_from_vault_config_env_and_value_file() {
     cfg.config_via_env = true;
     cfg.child_env = vec![("LAP_TEST_ENV_VALUE".into(), "REAL-from-value-env-0077".into())];
     cfg.extra_toml = format!(
-        "[[secrets]]\nname = \"FILE_TOKEN\"\nstub = \"lapstub-file-77aa88bb99\"\nvalue_file = \"{}\"\nhosts = [\"api.github.com\"]\n\n\
-         [[secrets]]\nname = \"ENV_TOKEN\"\nstub = \"lapstub-env-11cc22dd33\"\nvalue_env = \"LAP_TEST_ENV_VALUE\"\nhosts = [\"api.github.com\"]\n",
+        "[[secrets]]\nname = \"FILE_TOKEN\"\nstub = \"lapstub-file-77aa88bb99\"\nvalue_file = \"{}\"\nhosts = [\"api.github.com\"]\nlocations = [\"header:x-file\"]\n\n\
+         [[secrets]]\nname = \"ENV_TOKEN\"\nstub = \"lapstub-env-11cc22dd33\"\nvalue_env = \"LAP_TEST_ENV_VALUE\"\nhosts = [\"api.github.com\"]\nlocations = [\"header:x-env\"]\n",
         value_file.display()
     );
     let sidecar = Sidecar::start(cfg).await;
@@ -1400,7 +1504,7 @@ fn write_secrets_file(path: &std::path::Path, value: &str) {
         "stub": RELOAD_STUB,
         "value": value,
         "hosts": ["api.github.com"],
-        "locations": ["header"],
+        "locations": ["header:x-reload"],
     }]});
     // Write-then-rename, as a secret volume update does.
     let tmp = path.with_extension("tmp");
@@ -1486,7 +1590,7 @@ async fn wildcard_binding_covers_subdomains_not_the_apex() {
             WILD_STUB,
             WILD_REAL,
             &["*.github.com"],
-            &["header"],
+            &["header:x-wild"],
         ));
     })
     .await;
@@ -1535,7 +1639,7 @@ async fn wildcard_binding_reaches_deep_subdomains() {
         WILD_STUB,
         WILD_REAL,
         &["*.github.com"],
-        &["header"],
+        &["header:x-wild"],
     ));
     let sidecar = Sidecar::start(cfg).await;
     let out = sidecar

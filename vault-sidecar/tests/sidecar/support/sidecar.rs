@@ -107,7 +107,13 @@ impl SidecarConfig {
                     &["api.anthropic.com"],
                     &["query"],
                 ),
-                SecretSpec::new("BODY_TOKEN", BODY_STUB, BODY_REAL, &["api.anthropic.com"], &["body"]),
+                SecretSpec::new(
+                    "BODY_TOKEN",
+                    BODY_STUB,
+                    BODY_REAL,
+                    &["api.anthropic.com"],
+                    &["body:POST /upload"],
+                ),
             ],
         }
     }
