@@ -46,7 +46,7 @@ pub use audit::write_lines_to as write_audit_lines_to;
 pub use connect::{is_self, parse_target, Target, TargetError};
 pub use lap_vault_config::{Location, Secret, Surface, Surfaces};
 pub use proxy::{run, run_with, Inherited};
-pub use rewrite::{redactor, HostRules, Injections, StreamRewriter};
+pub use rewrite::{redactor, Exfiltration, HostRules, Injections, StreamRewriter, StubRefusal};
 pub use secrets::SecretSet;
 pub use tls::{Ca, LeafCache};
 pub use transparent::{parse_hello, Hello};

@@ -9,7 +9,7 @@ mod common;
 use base64::engine::general_purpose::STANDARD as BASE64;
 use base64::Engine as _;
 use lap_vault_sidecar::TargetHost;
-use lap_vault_sidecar::{HostRules, Injections};
+use lap_vault_sidecar::{HostRules, Injections, StubRefusal};
 use libfuzzer_sys::fuzz_target;
 
 use common::{bound, contains, expand, replace_reference, set, HEADER, HOSTS, PARAM, SECRETS};
@@ -36,6 +36,16 @@ fn expected_at(input: &[u8], h: usize, kind: Option<&str>) -> Result<Vec<u8>, ()
     }
     let reps: Vec<Option<&[u8]>> = SECRETS.iter().map(|s| Some(s.2.as_bytes())).collect();
     Ok(replace_reference(input, &pats, &reps))
+}
+
+/// Whether `decoded` holds the core of a stub not bound to host `h` (the stub without up to two
+/// bytes at either end). The tripwire's base64 patterns cover only the base64 quanta wholly
+/// inside a stub, so Basic credentials holding such a near-stub are refused: it fails closed.
+fn near_unbound_stub(decoded: &[u8], h: usize) -> bool {
+    SECRETS
+        .iter()
+        .enumerate()
+        .any(|(k, s)| !bound(k, h) && contains(decoded, &s.1.as_bytes()[2..s.1.len() - 2]))
 }
 
 /// What path_and_query must do with `pq` toward host `h`: stubs only in the value of `q`.
@@ -101,6 +111,7 @@ fuzz_target!(|data: &[u8]| {
     let got = rules.header_value(HEADER, header.as_bytes(), &mut inj);
     match (expected(&value, h), got) {
         (Err(()), Err(_)) => {}
+        (Ok(_), Err(e)) if e.why == StubRefusal::Unbound && near_unbound_stub(&value, h) => {}
         (Ok(want), Ok(out)) => {
             let out = out.unwrap_or_else(|| header.clone().into_bytes());
             let b64 = out.strip_prefix(b"Basic ").expect("scheme kept");
