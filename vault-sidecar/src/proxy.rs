@@ -100,6 +100,9 @@ pub(crate) struct Proxy {
     /// The addresses actually bound (for loop refusal).
     own_addrs: RwLock<Vec<SocketAddr>>,
     ready: AtomicBool,
+    /// Bytes left for bodies buffered whole ([`crate::intercept::BODY_BUFFER_BUDGET`]), one
+    /// permit per byte, shared by every connection.
+    pub body_budget: Arc<tokio::sync::Semaphore>,
 }
 
 impl Proxy {
@@ -135,6 +138,7 @@ impl Proxy {
             metrics,
             own_addrs: RwLock::new(Vec::new()),
             ready: AtomicBool::new(false),
+            body_budget: Arc::new(tokio::sync::Semaphore::new(crate::intercept::BODY_BUFFER_BUDGET)),
             settings,
         }))
     }

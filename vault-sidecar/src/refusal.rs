@@ -237,6 +237,17 @@ pub(crate) fn full(bytes: impl Into<Bytes>) -> ProxyBody {
     Full::new(bytes.into()).map_err(|never| match never {}).boxed_unsync()
 }
 
+/// A whole body that holds `permit` (of the process-wide body budget) until it is dropped.
+pub(crate) fn full_budgeted(bytes: Bytes, permit: tokio::sync::OwnedSemaphorePermit) -> ProxyBody {
+    Full::new(bytes)
+        .map_err(|never| match never {})
+        .map_frame(move |frame| {
+            let _held = &permit;
+            frame
+        })
+        .boxed_unsync()
+}
+
 /// An empty body.
 pub(crate) fn empty() -> ProxyBody {
     full(Bytes::new())

@@ -43,6 +43,10 @@ pub(crate) const MAX_REQUEST_HEAD: usize = 64 * 1024;
 /// Request bodies up to this size that need rewriting are rewritten whole, keeping an exact
 /// `Content-Length`; larger ones are streamed with chunked framing.
 pub(crate) const EXACT_LENGTH_LIMIT: u64 = 1 << 20;
+/// The bytes all requests together may hold buffered for a whole-body rewrite (W11): a body that
+/// would exceed it streams instead, so many streams declaring 1 MiB each cannot grow the
+/// process past it.
+pub(crate) const BODY_BUFFER_BUDGET: usize = 64 << 20;
 
 /// Terminate TLS for `target` on `io` and serve the requests inside.
 pub(crate) async fn serve_tunnel<I>(proxy: Arc<Proxy>, io: I, target: Target)

@@ -19,6 +19,19 @@ use crate::rewrite::{self, HostRules, StreamRewriter};
 use crate::secrets::SecretSet;
 use crate::upstream::{BoxError, ProxyBody};
 
+/// The budget for buffering a body of `len` bytes whole: a body up to [`EXACT_LENGTH_LIMIT`]
+/// gets it while the process-wide [`super::BODY_BUFFER_BUDGET`] lasts; otherwise it streams.
+fn buffer_permit(ctx: &RequestContext, len: Option<u64>) -> Option<tokio::sync::OwnedSemaphorePermit> {
+    let len = u32::try_from(len.filter(|l| *l <= EXACT_LENGTH_LIMIT)?).ok()?;
+    match ctx.proxy().body_budget.clone().try_acquire_many_owned(len) {
+        Ok(permit) => Some(permit),
+        Err(_) => {
+            tracing::debug!(len, "body buffer budget spent; streaming the body instead");
+            None
+        }
+    }
+}
+
 /// What follows the response head.
 pub(crate) enum Relay {
     /// A body, redacted when a redactor is given.
@@ -58,8 +71,8 @@ pub(crate) async fn request_body(
     let Some(mut rw) = rewriter else {
         return Ok(StreamBody::new(body, None, counters.bytes_up.clone(), None).boxed_unsync());
     };
-    match head::content_length(&parts.headers) {
-        Some(len) if len <= EXACT_LENGTH_LIMIT => {
+    match buffer_permit(ctx, head::content_length(&parts.headers)) {
+        Some(permit) => {
             let whole = body.collect().await.map_err(|e| {
                 tracing::debug!(error = %e, "client request body ended early");
                 Refusal::bad_request("the request body ended before Content-Length")
@@ -71,9 +84,9 @@ pub(crate) async fn request_body(
             parts
                 .headers
                 .insert(header::CONTENT_LENGTH, HeaderValue::from(out.len()));
-            Ok(refusal::full(Bytes::from(out)))
+            Ok(refusal::full_budgeted(Bytes::from(out), permit))
         }
-        _ => {
+        None => {
             parts.headers.remove(header::CONTENT_LENGTH);
             let c = counters.clone();
             let on_end = Box::new(move |hits: &[u64]| {
@@ -113,8 +126,8 @@ pub(crate) async fn respond(
         }
     }
     if let Some(rw) = redactor.as_mut().filter(|_| !same_lengths(&secrets)) {
-        match head::content_length(&parts.headers) {
-            Some(len) if len <= EXACT_LENGTH_LIMIT => {
+        match buffer_permit(ctx, head::content_length(&parts.headers)) {
+            Some(permit) => {
                 let whole = body
                     .collect()
                     .await
@@ -124,9 +137,9 @@ pub(crate) async fn respond(
                 parts
                     .headers
                     .insert(header::CONTENT_LENGTH, HeaderValue::from(out.len()));
-                body = refusal::full(Bytes::from(out));
+                body = refusal::full_budgeted(Bytes::from(out), permit);
             }
-            _ => {
+            None => {
                 parts.headers.remove(header::CONTENT_LENGTH);
             }
         }

@@ -689,3 +689,130 @@ async fn w12_slow_connect_heads_are_closed_within_the_head_timeout() {
         );
     }
 }
+
+// ---------------------------------------------------------------- W11: the body buffer budget
+
+/// A request body of one data frame that then never ends; counts the bodies polled past their
+/// frame (hyper polls again once the frame went out under h2 flow control).
+struct Unfinished {
+    data: Option<bytes::Bytes>,
+    past_frame: std::sync::Arc<std::sync::atomic::AtomicUsize>,
+    counted: bool,
+}
+
+impl http_body::Body for Unfinished {
+    type Data = bytes::Bytes;
+    type Error = std::convert::Infallible;
+
+    fn poll_frame(
+        mut self: std::pin::Pin<&mut Self>,
+        _: &mut std::task::Context<'_>,
+    ) -> std::task::Poll<Option<Result<http_body::Frame<bytes::Bytes>, Self::Error>>> {
+        if let Some(data) = self.data.take() {
+            return std::task::Poll::Ready(Some(Ok(http_body::Frame::data(data))));
+        }
+        if !self.counted {
+            self.counted = true;
+            self.past_frame.fetch_add(1, Ordering::SeqCst);
+        }
+        std::task::Poll::Pending
+    }
+}
+
+/// W11: one h2 connection opens 150 streams toward a host whose body is a credential surface, each
+/// declaring `content-length: 1000000` and sending 990,000 bytes of it, never the rest. Bodies
+/// rewritten whole share one process-wide budget (64 MiB), and past it a body streams instead: the
+/// sidecar grows by less than 128 MiB (the budget plus its TLS and h2 buffers; 182 MiB without a
+/// budget, measured), and other clients, a body swap among them, are
+/// served meanwhile.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn w11_unfinished_h2_bodies_stay_within_the_buffer_budget() {
+    const STREAMS: usize = 150;
+    const SENT: usize = 990_000;
+    let h = Harness::default_setup().await;
+    still_serving(&h, "before").await;
+    let pid = h.sidecar.pid();
+    let rss0 = vm_rss_kib(pid);
+
+    let tls = tunnel_tls(&h.sidecar, "api.anthropic.com", &["h2"]).await;
+    let (sender, conn) =
+        hyper::client::conn::http2::handshake(hyper_util::rt::TokioExecutor::new(), hyper_util::rt::TokioIo::new(tls))
+            .await
+            .expect("h2 handshake");
+    let conn_task = tokio::spawn(conn);
+    let past_frame = std::sync::Arc::new(std::sync::atomic::AtomicUsize::new(0));
+    let mut streams = Vec::new();
+    for i in 0..STREAMS {
+        let mut body = format!("{{\"key\":\"{BODY_STUB}\",\"pad\":\"").into_bytes();
+        body.resize(SENT, b'a' + (i % 26) as u8);
+        let req = hyper::Request::builder()
+            .method("POST")
+            .uri("https://api.anthropic.com/upload")
+            .header("content-length", "1000000")
+            .header("content-type", "application/json")
+            .body(Unfinished {
+                data: Some(body.into()),
+                past_frame: past_frame.clone(),
+                counted: false,
+            })
+            .expect("request");
+        let mut sender = sender.clone();
+        streams.push(tokio::spawn(async move { sender.send_request(req).await }));
+    }
+    // Every stream's 990,000 bytes went out: the sidecar read them all (buffered or streamed).
+    let mut peak = rss0;
+    eventually(Duration::from_secs(120), "every stream's bytes sent", || {
+        peak = peak.max(vm_rss_kib(pid));
+        let n = past_frame.load(Ordering::SeqCst);
+        async move { (n == STREAMS).then_some(()) }
+    })
+    .await;
+    for _ in 0..10 {
+        peak = peak.max(vm_rss_kib(pid));
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    let grown_mib = peak.saturating_sub(rss0) / 1024;
+    eprintln!(
+        "RSS {rss0} KiB before, peak {peak} KiB: grew {grown_mib} MiB for {} MB sent",
+        STREAMS * SENT / 1_000_000
+    );
+    assert!(
+        grown_mib < 128,
+        "the sidecar grew {grown_mib} MiB for {STREAMS} unfinished 1 MB bodies (budget 64 MiB)"
+    );
+
+    // Others are served meanwhile, a body rewrite among them (streamed: the budget is spent).
+    still_serving(&h, "during").await;
+    let small = format!("{{\"key\":\"{BODY_STUB}\"}}");
+    let out = h
+        .sidecar
+        .curl()
+        .args([
+            "-H",
+            "content-type: application/json",
+            "-H",
+            "x-tag: small-body",
+            "--data-binary",
+            &small,
+        ])
+        .arg("https://api.anthropic.com/upload")
+        .run()
+        .await
+        .ok();
+    assert_eq!(out.status, 200, "{}", out.body_text());
+    let rec = h
+        .upstream
+        .requests()
+        .into_iter()
+        .find(|r| r.header("x-tag") == Some("small-body"))
+        .expect("the small upload reached the upstream");
+    assert_eq!(
+        rec.body_sha256,
+        Some(sha256_hex(small.replace(BODY_STUB, BODY_REAL).as_bytes()))
+    );
+    for s in streams {
+        s.abort();
+    }
+    conn_task.abort();
+    h.assert_logs_clean();
+}
