@@ -88,6 +88,7 @@ async fn connect(proxy: Arc<Proxy>, peer: SocketAddr, req: Request<Incoming>) ->
         },
         &snapshot.egress,
         Mode::Tunnel,
+        "CONNECT",
     )?;
     if should_intercept(proxy.settings.intercept, &snapshot.secrets, &target) {
         tokio::spawn(async move {
@@ -99,9 +100,11 @@ async fn connect(proxy: Arc<Proxy>, peer: SocketAddr, req: Request<Incoming>) ->
         return Ok(Response::new(refusal::empty()));
     }
     // Not intercepted: connect first, so a failure is still an HTTP answer.
+    let start = std::time::Instant::now();
     let refused = |r: Refusal| {
         proxy.metrics.count_refusal(&r);
         proxy.metrics.count_request(Mode::Tunnel.as_str(), r.status().as_u16());
+        proxy.audit_connection("CONNECT", &target, Err(&r), (0, 0), start.elapsed());
         r
     };
     let mut upstream = proxy
@@ -121,7 +124,10 @@ async fn connect(proxy: Arc<Proxy>, peer: SocketAddr, req: Request<Incoming>) ->
     tokio::spawn(async move {
         match hyper::upgrade::on(req).await {
             Ok(upgraded) => {
-                let _ = tokio::io::copy_bidirectional(&mut TokioIo::new(upgraded), &mut upstream).await;
+                let bytes = tokio::io::copy_bidirectional(&mut TokioIo::new(upgraded), &mut upstream)
+                    .await
+                    .unwrap_or((0, 0));
+                proxy.audit_connection("CONNECT", &target, Ok(()), bytes, start.elapsed());
             }
             Err(e) => tracing::debug!(peer = %peer, error = %e, "CONNECT upgrade failed"),
         }
@@ -144,6 +150,7 @@ async fn forward_plain(proxy: Arc<Proxy>, req: Request<Incoming>) -> Response<Pr
         },
         &snapshot.egress,
         Mode::Forwarded,
+        req.method().as_str(),
     ) {
         return r.into_response();
     }

@@ -154,9 +154,16 @@ impl Proxy {
     }
 
     /// The admission check ([`crate::admission::admit`]) against this sidecar's addresses and
-    /// current policies; a refusal is logged and counted (`vault_blocked_total`, and
-    /// `vault_requests_total{mode}`).
-    pub(crate) fn admit(&self, dest: Destination<'_>, egress: &EgressPolicy, mode: Mode) -> Result<(), Refusal> {
+    /// current policies; a refusal is logged, counted (`vault_blocked_total`, and
+    /// `vault_requests_total{mode}`) and audited (`method` is the request's, `CONNECT` for a
+    /// tunnel or a redirected connection).
+    pub(crate) fn admit(
+        &self,
+        dest: Destination<'_>,
+        egress: &EgressPolicy,
+        mode: Mode,
+        method: &str,
+    ) -> Result<(), Refusal> {
         let own = self.own_addrs();
         let policies = Policies {
             own: &own,
@@ -168,8 +175,43 @@ impl Proxy {
             let refusal = Refusal::blocked(reason, &dest.target.host);
             self.metrics.count_refusal(&refusal);
             self.metrics.count_request(mode.as_str(), refusal.status().as_u16());
+            self.audit_connection(method, dest.target, Err(&refusal), (0, 0), Duration::ZERO);
             refusal
         })
+    }
+
+    /// One audit event for what no request's own event covers: a tunnel the sidecar relays
+    /// without reading (`Ok`, with the bytes each way), or a connection or request refused before
+    /// it was read (`Err`). The path is empty; no secret is ever injected.
+    pub(crate) fn audit_connection(
+        &self,
+        method: &str,
+        target: &crate::connect::Target,
+        outcome: Result<(), &Refusal>,
+        (bytes_up, bytes_down): (u64, u64),
+        duration: Duration,
+    ) {
+        let (status, blocked, error) = match outcome {
+            Ok(()) => (200, None, None),
+            Err(r) => (r.status().as_u16(), r.audit_blocked(), r.audit_error()),
+        };
+        self.audit.record(crate::audit::AuditEvent {
+            run: Default::default(),
+            seq: 0,
+            time: crate::intercept::context::humantime_now(),
+            method: method.to_owned(),
+            host: target.host.to_string(),
+            port: target.port,
+            path: String::new(),
+            status,
+            injected: Vec::new(),
+            blocked,
+            blocked_secret: None,
+            error,
+            bytes_up,
+            bytes_down,
+            duration_us: u64::try_from(duration.as_micros()).unwrap_or(u64::MAX),
+        });
     }
 
     pub(crate) fn own_addrs(&self) -> Vec<SocketAddr> {

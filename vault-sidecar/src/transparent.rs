@@ -144,7 +144,7 @@ async fn handle(proxy: Arc<Proxy>, mut stream: TcpStream) -> io::Result<()> {
         target: &target,
         original: Some(original),
     };
-    if proxy.admit(dest, &snapshot.egress, Mode::Tunnel).is_err() {
+    if proxy.admit(dest, &snapshot.egress, Mode::Tunnel, "CONNECT").is_err() {
         // No HTTP channel before the handshake: logged and counted, then closed.
         return Ok(());
     }
@@ -161,8 +161,16 @@ async fn handle(proxy: Arc<Proxy>, mut stream: TcpStream) -> io::Result<()> {
     proxy.metrics.upstream_connects.inc();
     proxy.metrics.count_request(Mode::Tunnel.as_str(), 200);
     let mut io = io;
-    tokio::io::copy_bidirectional(&mut io, &mut upstream).await?;
-    Ok(())
+    let start = std::time::Instant::now();
+    let relayed = tokio::io::copy_bidirectional(&mut io, &mut upstream).await;
+    proxy.audit_connection(
+        "CONNECT",
+        &target,
+        Ok(()),
+        *relayed.as_ref().unwrap_or(&(0, 0)),
+        start.elapsed(),
+    );
+    relayed.map(|_| ())
 }
 
 /// A stream whose first bytes were already read: they are replayed before the rest.

@@ -993,3 +993,57 @@ async fn secrets_on_stdin_and_an_inherited_listener() {
     let _ = child.kill();
     let _ = child.wait();
 }
+
+/// Tunnelled and refused connections are audited too (issue 14): a CONNECT the sidecar relays
+/// without reading (`intercept = "bound-hosts"`, a host no secret is bound to) is one `CONNECT`
+/// event with its bytes once it closes, and a CONNECT the egress policy refuses is one with
+/// `blocked: egress-policy`. Neither has a path or an injection.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn tunnelled_and_refused_connections_are_audited() {
+    let h = Harness::start(Alpn::Both, |c| {
+        c.intercept = Some("bound-hosts".into());
+        c.egress_deny = vec!["*.denied.example".into()];
+    })
+    .await;
+    // Tunnelled: curl meets the upstream's own certificate and gives up (exit 60) after the
+    // handshake went through the tunnel.
+    let out = h.sidecar.curl().arg("https://attacker.example/tunnelled").run().await;
+    assert_eq!(out.exit, 60, "{}", out.stderr);
+    let out = h.sidecar.curl().arg("https://api.denied.example/").run().await;
+    assert_eq!(out.connect_status, 403, "{}", out.stderr);
+
+    let events = lap_test_support::eventually_ok(Duration::from_secs(10), "both connections audited", || async {
+        let r = h.sidecar.admin_get("/interceptions").await;
+        let events: Vec<serde_json::Value> = serde_json::from_slice(&r.body).map_err(|e| e.to_string())?;
+        let connects: Vec<serde_json::Value> = events.into_iter().filter(|e| e["method"] == "CONNECT").collect();
+        if connects.len() == 2 {
+            Ok(connects)
+        } else {
+            Err(format!("{connects:?}"))
+        }
+    })
+    .await;
+    let tunnel = events
+        .iter()
+        .find(|e| e["host"] == "attacker.example")
+        .expect("the tunnel's event");
+    assert_eq!(
+        (tunnel["port"].as_u64(), tunnel["status"].as_u64()),
+        (Some(443), Some(200)),
+        "{tunnel}"
+    );
+    assert!(
+        tunnel["bytes_up"].as_u64() > Some(0) && tunnel["bytes_down"].as_u64() > Some(0),
+        "{tunnel}"
+    );
+    assert_eq!(
+        (tunnel["path"].as_str(), tunnel["injected"].as_array().map(Vec::len)),
+        (Some(""), Some(0))
+    );
+    let denied = events
+        .iter()
+        .find(|e| e["host"] == "api.denied.example")
+        .expect("the refusal's event");
+    assert_eq!(denied["status"], 403, "{denied}");
+    assert_eq!(denied["blocked"], "egress-policy", "{denied}");
+}
