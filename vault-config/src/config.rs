@@ -26,6 +26,11 @@ pub const DEFAULT_ADMIN_LISTEN: &str = "127.0.0.1:14323";
 pub const DEFAULT_WORKER_THREADS: usize = 1;
 /// Largest `worker_threads` accepted.
 pub const MAX_WORKER_THREADS: usize = 256;
+/// Default `upstream_response_timeout_secs`: how long an upstream may take to send a response
+/// head. Long, since a model may think for minutes before its first byte.
+pub const DEFAULT_UPSTREAM_RESPONSE_TIMEOUT_SECS: u64 = 600;
+/// Largest `upstream_response_timeout_secs` accepted (a day).
+pub const MAX_UPSTREAM_RESPONSE_TIMEOUT_SECS: u64 = 86_400;
 
 /// The TOML file, as written. Every key is optional except inside `[[secrets]]`.
 #[derive(Debug, Clone, Default, Serialize, Deserialize, PartialEq)]
@@ -43,6 +48,10 @@ pub struct SidecarConfig {
     /// Threads serving connections (default [`DEFAULT_WORKER_THREADS`]).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub worker_threads: Option<i64>,
+    /// Seconds an upstream may take to send its response head (default
+    /// [`DEFAULT_UPSTREAM_RESPONSE_TIMEOUT_SECS`]).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub upstream_response_timeout_secs: Option<i64>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub ca_cert_file: Option<PathBuf>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -195,6 +204,8 @@ pub struct Settings {
     pub transparent_listen: Option<SocketAddr>,
     /// Tokio worker threads serving connections.
     pub worker_threads: usize,
+    /// How long an upstream may take to send its response head.
+    pub upstream_response_timeout: std::time::Duration,
     pub ca_cert_path: Option<PathBuf>,
     pub ca: CaSource,
     pub upstream_ca_files: Vec<PathBuf>,
@@ -352,6 +363,18 @@ impl Settings {
                 DEFAULT_WORKER_THREADS
             }
         };
+        let upstream_response_timeout = match config.upstream_response_timeout_secs {
+            None => DEFAULT_UPSTREAM_RESPONSE_TIMEOUT_SECS,
+            Some(n) if (1..=MAX_UPSTREAM_RESPONSE_TIMEOUT_SECS as i64).contains(&n) => n as u64,
+            Some(n) => {
+                problems.add(
+                    "upstream_response_timeout_secs",
+                    format!("must be between 1 and {MAX_UPSTREAM_RESPONSE_TIMEOUT_SECS} seconds, got {n}"),
+                );
+                DEFAULT_UPSTREAM_RESPONSE_TIMEOUT_SECS
+            }
+        };
+        let upstream_response_timeout = std::time::Duration::from_secs(upstream_response_timeout);
 
         let ca = match (&config.ca_cert_file, &config.ca_key_file) {
             (None, None) => CaSource::Generate,
@@ -472,6 +495,7 @@ impl Settings {
             admin_listen,
             transparent_listen,
             worker_threads,
+            upstream_response_timeout,
             ca_cert_path: config.ca_cert_path.clone(),
             ca,
             upstream_ca_files: config.upstream_ca_files.clone(),
@@ -732,6 +756,25 @@ mod tests {
             let errs = settings(bad).expect_err(bad);
             assert!(errs.to_string().contains("must be between 1 and 256"), "{bad}: {errs}");
             assert_eq!(keys(errs), vec!["worker_threads"], "{bad}");
+        }
+    }
+
+    #[test]
+    fn upstream_response_timeout_is_bounded() {
+        let default = settings("").expect("valid").upstream_response_timeout;
+        assert_eq!(default, std::time::Duration::from_secs(600));
+        let s = settings("upstream_response_timeout_secs = 5").expect("valid");
+        assert_eq!(s.upstream_response_timeout, std::time::Duration::from_secs(5));
+        for bad in [
+            "upstream_response_timeout_secs = 0",
+            "upstream_response_timeout_secs = 86401",
+        ] {
+            let errs = settings(bad).expect_err(bad);
+            assert!(
+                errs.to_string().contains("must be between 1 and 86400 seconds"),
+                "{bad}: {errs}"
+            );
+            assert_eq!(keys(errs), vec!["upstream_response_timeout_secs"], "{bad}");
         }
     }
 

@@ -162,10 +162,19 @@ async fn forward_plain(proxy: Arc<Proxy>, req: Request<Incoming>) -> Response<Pr
     }
     parts.version = Version::HTTP_11;
     let body = StreamBody::new(body, None, ctx.counters.bytes_up.clone(), None).boxed_unsync();
-    let resp = match proxy.upstreams.h1_only.request(Request::from_parts(parts, body)).await {
-        Ok(resp) => resp,
-        Err(e) => return ctx.refuse(upstream_refusal(&e, &target)),
-    };
+    let limit = proxy.settings.upstream_response_timeout;
+    let resp =
+        match tokio::time::timeout(limit, proxy.upstreams.h1_only.request(Request::from_parts(parts, body))).await {
+            Ok(Ok(resp)) => resp,
+            Ok(Err(e)) => return ctx.refuse(upstream_refusal(&e, &target)),
+            Err(_) => {
+                return ctx.refuse(Refusal::failed(
+                    crate::refusal::ErrorKind::UpstreamResponseTimeout,
+                    &target.host,
+                    format!("the upstream sent no response head within {} s", limit.as_secs()),
+                ))
+            }
+        };
     let (mut parts, body) = resp.into_parts();
     strip_hop_by_hop(&mut parts.headers, false);
     let status = parts.status.as_u16();

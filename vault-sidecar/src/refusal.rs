@@ -58,6 +58,8 @@ pub(crate) enum ErrorKind {
     UpstreamCertUntrusted,
     TlsHandshake,
     TlsHandshakeTimeout,
+    /// The upstream sent no response head within `upstream_response_timeout_secs`.
+    UpstreamResponseTimeout,
     BadTarget,
 }
 
@@ -75,6 +77,7 @@ impl ErrorKind {
             Self::UpstreamCertUntrusted => "upstream-cert-untrusted",
             Self::TlsHandshake => "tls-handshake",
             Self::TlsHandshakeTimeout => "tls-handshake-timeout",
+            Self::UpstreamResponseTimeout => "upstream-response-timeout",
             Self::BadTarget => "bad-target",
         }
     }
@@ -86,7 +89,9 @@ impl ErrorKind {
             Self::BadRequest => StatusCode::BAD_REQUEST,
             Self::Misdirected => StatusCode::MISDIRECTED_REQUEST,
             Self::InvalidSecretValue => StatusCode::INTERNAL_SERVER_ERROR,
-            Self::ConnectTimeout | Self::TlsHandshakeTimeout => StatusCode::GATEWAY_TIMEOUT,
+            Self::ConnectTimeout | Self::TlsHandshakeTimeout | Self::UpstreamResponseTimeout => {
+                StatusCode::GATEWAY_TIMEOUT
+            }
             _ => StatusCode::BAD_GATEWAY,
         }
     }

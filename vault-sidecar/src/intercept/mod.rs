@@ -207,9 +207,20 @@ impl Tunnel {
         };
         ctx.prepared = ctx.elapsed();
         let sent_at = Instant::now();
-        let result = client.request(Request::from_parts(parts, body)).await;
+        let limit = self.proxy.settings.upstream_response_timeout;
+        let result = tokio::time::timeout(limit, client.request(Request::from_parts(parts, body))).await;
         ctx.upstream_time = sent_at.elapsed();
-        let resp = result.map_err(|e| upstream_refusal(&e, &self.target))?;
+        let resp = match result {
+            Ok(r) => r.map_err(|e| upstream_refusal(&e, &self.target))?,
+            Err(_) => {
+                tracing::warn!(host = %self.target.host, timeout_s = limit.as_secs(), "the upstream sent no response head in time");
+                return Err(Refusal::failed(
+                    ErrorKind::UpstreamResponseTimeout,
+                    &self.target.host,
+                    format!("the upstream sent no response head within {} s", limit.as_secs()),
+                ));
+            }
+        };
         Ok((resp, client_upgrade))
     }
 }

@@ -816,3 +816,35 @@ async fn w11_unfinished_h2_bodies_stay_within_the_buffer_budget() {
     conn_task.abort();
     h.assert_logs_clean();
 }
+
+/// An upstream that never sends a response head gets `upstream_response_timeout_secs` (default
+/// 600 s; 1 s here): then the client has a `504` with `X-Vault-Error: upstream-response-timeout`,
+/// not a request left open forever, and the same sidecar goes on serving.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_upstream_that_never_answers_is_a_504_after_the_response_timeout() {
+    let up = Scripted::start(ANTHROPIC_REAL).await;
+    let sidecar = support::ops::OwnSidecar::start(&up.sidecar_config(), "upstream_response_timeout_secs = 1").await;
+    for proto in ["--http1.1", "--http2"] {
+        let out = sidecar
+            .curl()
+            .args([proto, "-H", &format!("x-api-key: {ANTHROPIC_STUB}")])
+            .arg("https://api.anthropic.com/silent")
+            .run()
+            .await
+            .ok();
+        assert_eq!(out.status, 504, "{proto}: {}", out.body_text());
+        assert_eq!(
+            out.header("x-vault-error"),
+            Some("upstream-response-timeout"),
+            "{proto}"
+        );
+        let out = sidecar
+            .curl()
+            .args([proto, "-H", &format!("x-api-key: {ANTHROPIC_STUB}")])
+            .arg("https://api.anthropic.com/reflect")
+            .run()
+            .await
+            .ok();
+        assert_eq!(out.status, 200, "{proto}: {}", out.body_text());
+    }
+}

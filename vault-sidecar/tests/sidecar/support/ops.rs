@@ -306,6 +306,8 @@ async fn route(req: Request<Incoming>, st: Arc<ScriptState>, real: Arc<str>, gz:
         .unwrap_or_default();
     let _ = req.into_body().collect().await;
     match path.split('?').next().unwrap_or("") {
+        // Never answers: no response head, ever.
+        "/silent" => std::future::pending().await,
         "/reflect" => {
             let body = serde_json::json!({ "seen": seen }).to_string();
             Response::builder()
