@@ -14,7 +14,6 @@ const HARNESSES = ['claude-code', 'codex', 'opencode', 'claude-agent-sdk'];
 /** Harnesses without a terminal UI: messages only. */
 const NO_TUI = new Set(['claude-agent-sdk']);
 const REDACTED = '<redacted>';
-const LOCATIONS = ['header', 'query', 'body'];
 
 // xterm.js draws its theme and cell sizes with <style> elements; the page's Content-Security-
 // Policy applies only style elements that carry this response's nonce, so every one made here
@@ -975,13 +974,14 @@ async function streamMessage(id, text, show) {
 async function secretsPage(page) {
   const secrets = await all(SECRETS);
   if (!page.alive) return;
-  const locationChecks = (name, chosen = []) =>
-    h(
-      'div',
-      { class: 'checks', 'data-name': name },
-      LOCATIONS.map((l) => h('label', {}, h('input', { type: 'checkbox', value: l, checked: chosen.includes(l) }), l)),
-    );
-  const checked = (box) => [...box.querySelectorAll('input:checked')].map((i) => i.value);
+  // Credential surfaces (docs/sidecar.md): empty means the vault's default, `header`.
+  const surfacesInput = (chosen = []) =>
+    h('input', {
+      name: 'locations',
+      value: chosen.join(', '),
+      placeholder: 'header, header:x-api-key, query:key, body:POST /oauth/token',
+      autocomplete: 'off',
+    });
 
   const table = secrets.length
     ? h(
@@ -1003,7 +1003,7 @@ async function secretsPage(page) {
               h(
                 'td',
                 { class: 'actions' },
-                h('button', { type: 'button', onclick: () => row.after(rotateRow(s, locationChecks, checked)) }, 'Rotate'),
+                h('button', { type: 'button', onclick: () => row.after(rotateRow(s, surfacesInput)) }, 'Rotate'),
                 ' ',
                 confirmButton('Delete', `Delete ${s.name}?`, async () => {
                   await api('DELETE', `${SECRETS}/${encodeURIComponent(s.name)}`);
@@ -1017,7 +1017,7 @@ async function secretsPage(page) {
       )
     : h('p', { class: 'empty' }, 'No secrets in the registry.');
 
-  const locations = locationChecks('locations');
+  const locations = surfacesInput();
   const form = h(
     'form',
     { class: 'panel', novalidate: true, id: 'new-secret' },
@@ -1028,7 +1028,7 @@ async function secretsPage(page) {
       field('name', 'Name', h('input', { name: 'name', placeholder: 'GITHUB_TOKEN', autocomplete: 'off' })),
       field('value', 'Value', h('input', { name: 'value', type: 'password', autocomplete: 'off' }), 'write-only'),
       field('hosts', 'Hosts', h('input', { name: 'hosts', placeholder: 'github.com, api.github.com' }), 'the only hosts it is sent to'),
-      field('locations', 'Locations', locations, 'where the stub is swapped'),
+      field('locations', 'Surfaces', locations, 'where the stub is swapped; empty: the credential headers'),
     ),
     h('p', { class: 'form-error', role: 'alert' }),
     h('div', { class: 'buttons' }, h('button', { type: 'submit', class: 'primary' }, 'Set secret')),
@@ -1037,7 +1037,7 @@ async function secretsPage(page) {
     e.preventDefault();
     const f = form.elements;
     try {
-      await api('POST', SECRETS, { name: f.name.value.trim(), value: f.value.value, hosts: lines(f.hosts.value), locations: checked(locations) });
+      await api('POST', SECRETS, { name: f.name.value.trim(), value: f.value.value, hosts: lines(f.hosts.value), locations: lines(locations.value) });
       f.value.value = '';
       route();
     } catch (err) {
@@ -1052,8 +1052,8 @@ async function secretsPage(page) {
   );
 }
 
-function rotateRow(s, locationChecks, checked) {
-  const locations = locationChecks('locations', s.locations);
+function rotateRow(s, surfacesInput) {
+  const locations = surfacesInput(s.locations);
   const form = h(
     'form',
     { novalidate: true, class: 'rotate' },
@@ -1062,7 +1062,7 @@ function rotateRow(s, locationChecks, checked) {
       { class: 'grid' },
       field('value', 'New value', h('input', { name: 'value', type: 'password', autocomplete: 'off' })),
       field('hosts', 'Hosts', h('input', { name: 'hosts', value: s.hosts.join(', ') })),
-      field('locations', 'Locations', locations),
+      field('locations', 'Surfaces', locations),
     ),
     h('p', { class: 'form-error', role: 'alert' }),
     h('div', { class: 'buttons' }, h('button', { type: 'submit', class: 'primary' }, `Rotate ${s.name}`)),
@@ -1073,7 +1073,7 @@ function rotateRow(s, locationChecks, checked) {
       await api('PUT', `${SECRETS}/${encodeURIComponent(s.name)}`, {
         value: form.elements.value.value,
         hosts: lines(form.elements.hosts.value),
-        locations: checked(locations),
+        locations: lines(locations.value),
       });
       route();
     } catch (err) {

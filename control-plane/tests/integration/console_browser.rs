@@ -167,12 +167,27 @@ async fn an_admin_runs_claude_code_from_the_console() {
         .await;
     assert!(err.starts_with("hosts: "), "{err}");
     b.fill("#new-secret [data-input=hosts]", "github.com").await;
+    // A credential surface that does not exist is an error under its field, naming the entry.
+    b.fill("#new-secret [data-input=locations]", "header, cookie").await;
+    b.click("#new-secret button[type=submit]").await;
+    let err = b
+        .wait_text(
+            "#new-secret [data-error-for=locations]",
+            "the surfaces error",
+            MINUTE,
+            |t| !t.is_empty(),
+        )
+        .await;
+    assert!(err.starts_with("locations[1]: `cookie` is not one of"), "{err}");
+    b.fill("#new-secret [data-input=locations]", "header, header:x-git-token")
+        .await;
     b.click("#new-secret button[type=submit]").await;
     let row = b
         .wait_text("tr[data-secret=GIT_TOKEN]", "the new secret", MINUTE, |t| {
             t.contains("github.com")
         })
         .await;
+    assert!(row.contains("header, header:x-git-token"), "{row}");
     assert!(row.contains("write-only"), "{row}");
     let html = b.js("return document.documentElement.outerHTML;", vec![]).await;
     assert!(!html.as_str().unwrap().contains(value), "a secret value is in the page");
