@@ -127,7 +127,66 @@ fn rewriting(c: &mut Criterion) {
     group.finish();
 }
 
-criterion_group!(benches, certificates, rewriting, request);
+/// A compressed response decoded and redacted (issue 14, W02) beside the same identity response
+/// redacted: MiB/s of decoded bytes, so the ratio is what decoding costs. The decoded body is
+/// collected whole here (the sidecar streams it), which the identity case does not pay.
+fn decoding(c: &mut Criterion) {
+    use async_compression::tokio::bufread::{GzipEncoder, ZstdEncoder};
+    use lap_vault_sidecar::fuzz::decode;
+    use tokio::io::AsyncReadExt as _;
+
+    let rt = tokio::runtime::Builder::new_current_thread().build().expect("runtime");
+    let set = secrets();
+    let real = "sk-ant-api03-REAL-bbbbbbbbbbbbbbbbbbbb"; // ANTHROPIC_API_KEY's value in `secrets()`
+                                                         // 1 MiB of model-shaped JSON lines; a reflected real value in every 64th.
+    let mut text = Vec::with_capacity(1 << 20);
+    let mut i = 0u32;
+    while text.len() < 1 << 20 {
+        let line = if i.is_multiple_of(64) {
+            format!("{{\"type\":\"content_block_delta\",\"delta\":{{\"text\":\"key {real} line {i}\"}}}}\n")
+        } else {
+            format!("{{\"type\":\"content_block_delta\",\"delta\":{{\"text\":\"fn main() {{ step({i}); }}\"}}}}\n")
+        };
+        text.extend_from_slice(line.as_bytes());
+        i += 1;
+    }
+    let plain = Bytes::from(text);
+    let encode = |gzip: bool| -> Bytes {
+        rt.block_on(async {
+            let mut out = Vec::new();
+            if gzip {
+                GzipEncoder::new(&plain[..]).read_to_end(&mut out).await.expect("gzip");
+            } else {
+                ZstdEncoder::new(&plain[..]).read_to_end(&mut out).await.expect("zstd");
+            }
+            Bytes::from(out)
+        })
+    };
+    let (gz, zst) = (encode(true), encode(false));
+    let redact = |body: Bytes| {
+        let mut r = lap_vault_sidecar::redactor(&set).expect("redactor");
+        let out = [r.push(body), r.finish()].concat();
+        assert!(
+            !out.windows(real.len()).any(|w| w == real.as_bytes()),
+            "a value left unredacted"
+        );
+        out.len()
+    };
+    let mut group = c.benchmark_group("decode_redact");
+    group.throughput(Throughput::Bytes(plain.len() as u64));
+    group.bench_function("identity_1mib", |b| b.iter(|| black_box(redact(plain.clone()))));
+    for (name, coding, body) in [("gzip_1mib", "gzip", &gz), ("zstd_1mib", "zstd", &zst)] {
+        group.bench_function(name, |b| {
+            b.iter(|| {
+                let decoded = rt.block_on(decode(coding, body.clone())).expect("decoded");
+                black_box(redact(Bytes::from(decoded)))
+            })
+        });
+    }
+    group.finish();
+}
+
+criterion_group!(benches, certificates, rewriting, decoding, request);
 criterion_main!(benches);
 
 const REAL: &str = "sk-ant-api03-REAL-bench-0123456789abcdef";
