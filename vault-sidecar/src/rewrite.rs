@@ -151,11 +151,11 @@ impl<'a> HostRules<'a> {
             return Ok(None);
         };
         self.tripwire(value, Location::Header)?;
-        let scheme = (name == "authorization").then(|| auth_scheme(value)).flatten();
+        // The scheme is read only when a stub is found where it matters (not per request).
         let allowed = |secret: &Secret, at: usize| match secret.surfaces.header(name) {
             Some(HeaderUse::Whole) => true,
             Some(HeaderUse::SchemeCredentials) => {
-                scheme.is_some_and(|(scheme, creds)| at >= creds && is_credential_scheme(scheme))
+                auth_scheme(value).is_some_and(|(scheme, creds)| at >= creds && is_credential_scheme(scheme))
             }
             None => false,
         };
