@@ -75,6 +75,8 @@ pub fn load_base_config(path: &Path) -> Result<SidecarConfig, StartError> {
             .collect(),
         egress: cfg.egress,
         intercept: cfg.intercept,
+        passthrough: cfg.passthrough,
+        body_tripwire: cfg.body_tripwire,
         ..SidecarConfig::default()
     })
 }

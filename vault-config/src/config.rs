@@ -60,6 +60,15 @@ pub struct SidecarConfig {
     pub upstream_ca_files: Vec<PathBuf>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub intercept: Option<String>,
+    /// Under `intercept = "all"`: targets (`host` or `host:port`, port 443 unless written) tunnelled
+    /// byte for byte anyway, for clients that pin certificates. A host some secret is bound to is
+    /// always intercepted.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub passthrough: Vec<String>,
+    /// Which request bodies (and WebSocket messages from the client) the stub tripwire refuses:
+    /// `every-host` (default) or `hosts-without-secrets`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub body_tripwire: Option<String>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub secrets_file: Option<PathBuf>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -157,6 +166,26 @@ impl InterceptMode {
     }
 }
 
+/// Where a request body carrying a stub of a secret not bound to the target is refused.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum BodyTripwire {
+    /// Toward every host the stub's secret is not bound to.
+    EveryHost,
+    /// Only toward hosts no secret is bound to: a model API bound to its own key receives the
+    /// other stubs a conversation quotes (tool output) as stubs.
+    HostsWithoutSecrets,
+}
+
+impl BodyTripwire {
+    /// The config spelling (`every-host`, `hosts-without-secrets`).
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::EveryHost => "every-host",
+            Self::HostsWithoutSecrets => "hosts-without-secrets",
+        }
+    }
+}
+
 /// Where the CA comes from.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum CaSource {
@@ -210,6 +239,9 @@ pub struct Settings {
     pub ca: CaSource,
     pub upstream_ca_files: Vec<PathBuf>,
     pub intercept: InterceptMode,
+    /// Targets tunnelled under [`InterceptMode::All`] (unless a secret is bound to them).
+    pub passthrough: BindingSet,
+    pub body_tripwire: BodyTripwire,
     pub secrets_file: Option<PathBuf>,
     pub admin_token_file: Option<PathBuf>,
     /// `secrets_stdin`: the secrets read from standard input at start are in [`Settings::secrets`].
@@ -414,6 +446,30 @@ impl Settings {
                 InterceptMode::BoundHosts
             }
         };
+        let mut passthrough = Vec::new();
+        for (i, raw) in config.passthrough.iter().enumerate() {
+            match raw.parse::<Binding>() {
+                Ok(b) => passthrough.push(b),
+                Err(e) => problems.add(format!("passthrough[{i}]"), e.to_string()),
+            }
+        }
+        if !config.passthrough.is_empty() && intercept != InterceptMode::All {
+            problems.add(
+                "passthrough",
+                "applies only with intercept = \"all\" (under \"bound-hosts\" every unbound host is tunnelled)",
+            );
+        }
+        let body_tripwire = match config.body_tripwire.as_deref() {
+            None | Some("every-host") => BodyTripwire::EveryHost,
+            Some("hosts-without-secrets") => BodyTripwire::HostsWithoutSecrets,
+            Some(other) => {
+                problems.add(
+                    "body_tripwire",
+                    format!("`{other}` is not one of \"every-host\", \"hosts-without-secrets\""),
+                );
+                BodyTripwire::EveryHost
+            }
+        };
         if let Some(p) = &config.admin_token_file {
             match std::fs::read_to_string(p) {
                 Ok(t) if t.trim().is_empty() => problems.add("admin_token_file", format!("{} is empty", p.display())),
@@ -500,6 +556,8 @@ impl Settings {
             ca,
             upstream_ca_files: config.upstream_ca_files.clone(),
             intercept,
+            passthrough: BindingSet(passthrough),
+            body_tripwire,
             secrets_file: config.secrets_file.clone(),
             admin_token_file: config.admin_token_file.clone(),
             secrets_stdin: config.secrets_stdin.unwrap_or(false),
@@ -747,6 +805,42 @@ mod tests {
         assert_eq!(s.ca, CaSource::Generate);
         assert_eq!(s.worker_threads, DEFAULT_WORKER_THREADS);
         assert!(s.secrets.is_empty());
+    }
+
+    #[test]
+    fn passthrough_and_body_tripwire_are_validated() {
+        let s = settings("").expect("valid");
+        assert_eq!(s.body_tripwire, BodyTripwire::EveryHost);
+        assert!(s.passthrough.0.is_empty());
+        let s = settings(
+            r#"
+            intercept = "all"
+            passthrough = ["pinned.example", "*.pinned.example:8443"]
+            body_tripwire = "hosts-without-secrets"
+            "#,
+        )
+        .expect("valid");
+        assert_eq!(s.body_tripwire, BodyTripwire::HostsWithoutSecrets);
+        assert!(s
+            .passthrough
+            .matches(&crate::hosts::TargetHost::parse("pinned.example"), 443));
+        assert!(s
+            .passthrough
+            .matches(&crate::hosts::TargetHost::parse("a.pinned.example"), 8443));
+        assert!(!s
+            .passthrough
+            .matches(&crate::hosts::TargetHost::parse("a.pinned.example"), 443));
+        let errs = settings(
+            r#"
+            passthrough = ["ex ample", "ok.example:0"]
+            body_tripwire = "sometimes"
+            "#,
+        )
+        .expect_err("invalid");
+        assert_eq!(
+            keys(errs),
+            vec!["passthrough[0]", "passthrough[1]", "passthrough", "body_tripwire"]
+        );
     }
 
     #[test]

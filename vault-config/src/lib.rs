@@ -21,9 +21,9 @@ mod secret;
 
 pub use config::{
     parse_config, parse_secrets_stdin, read_config, read_secrets_file, split_host_port, validate_secret_specs,
-    CaSource, ConfigError, ConfigErrors, EgressConfig, InterceptMode, SecretSpec, SecretsFile, Settings, SidecarConfig,
-    DEFAULT_ADMIN_LISTEN, DEFAULT_LISTEN, DEFAULT_UPSTREAM_RESPONSE_TIMEOUT_SECS, DEFAULT_WORKER_THREADS,
-    MAX_UPSTREAM_RESPONSE_TIMEOUT_SECS, MAX_WORKER_THREADS, MIN_STUB_LEN, MIN_VALUE_LEN,
+    BodyTripwire, CaSource, ConfigError, ConfigErrors, EgressConfig, InterceptMode, SecretSpec, SecretsFile, Settings,
+    SidecarConfig, DEFAULT_ADMIN_LISTEN, DEFAULT_LISTEN, DEFAULT_UPSTREAM_RESPONSE_TIMEOUT_SECS,
+    DEFAULT_WORKER_THREADS, MAX_UPSTREAM_RESPONSE_TIMEOUT_SECS, MAX_WORKER_THREADS, MIN_STUB_LEN, MIN_VALUE_LEN,
 };
 pub use egress::{
     canonical, is_host_local, own_interface_addresses, AddressDenial, AddressPolicy, EgressDecision, EgressPolicy,

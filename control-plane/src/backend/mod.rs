@@ -15,6 +15,13 @@ use async_trait::async_trait;
 use lap_vault_config::SecretSpec;
 use serde::{Deserialize, Serialize};
 
+/// The `intercept` mode of a session's vault: the base config's, else `all`, so the stub tripwire
+/// covers every host the agent reaches (issue 14); hosts whose clients pin certificates go in
+/// the base config's `passthrough` list, or the base sets `intercept = "bound-hosts"`.
+pub fn session_intercept(base: &lap_vault_config::SidecarConfig) -> String {
+    base.intercept.clone().unwrap_or_else(|| "all".into())
+}
+
 /// What to bring up for one session.
 #[derive(Debug, Clone)]
 pub struct SandboxSpec {

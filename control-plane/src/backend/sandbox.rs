@@ -270,7 +270,9 @@ pub fn pool_vault_config(settings: &PodSettings, allow_out: &[String], deny_out:
         upstream_ca_files: (0..upstream_cas)
             .map(|i| format!("{VAULT_ETC}/upstream-ca-{i}.pem").into())
             .collect(),
-        intercept: base.intercept.clone(),
+        intercept: Some(super::session_intercept(base)),
+        passthrough: base.passthrough.clone(),
+        body_tripwire: base.body_tripwire.clone(),
         admin_token_file: Some(format!("{VAULT_ETC}/admin_token").into()),
         resolve: base.resolve.clone(),
         egress,

@@ -240,7 +240,9 @@ pub fn sidecar_config(
         admin_listen: Some("127.0.0.1:0".into()),
         ca_cert_path: Some(ca_dir.join("ca.pem")),
         upstream_ca_files: base.upstream_ca_files.clone(),
-        intercept: base.intercept.clone(),
+        intercept: Some(crate::backend::session_intercept(base)),
+        passthrough: base.passthrough.clone(),
+        body_tripwire: base.body_tripwire.clone(),
         admin_token_file: Some(dir.join("admin_token")),
         secrets_stdin: Some(true),
         ready_file: Some(dir.join("sidecar.ready")),
@@ -1159,6 +1161,18 @@ mod tests {
         assert!(c.egress.deny_local, "the vault is no way into the host");
         assert_eq!(c.intercept.as_deref(), Some("all"));
         assert!(c.secrets.is_empty(), "values go over stdin, not into the config");
+        // Without a base setting, sessions intercept every host; a base's choice is kept.
+        let plain = sidecar_config(&SidecarConfig::default(), Path::new("/d"), Path::new("/s/ca"), &[], &[]);
+        assert_eq!(plain.intercept.as_deref(), Some("all"));
+        base.intercept = None;
+        base.passthrough = vec!["pinned.example".into()];
+        let c2 = sidecar_config(&base, Path::new("/d"), Path::new("/s/ca"), &[], &[]);
+        assert_eq!(c2.intercept.as_deref(), Some("all"));
+        assert_eq!(c2.passthrough, vec!["pinned.example"]);
+        base.intercept = Some("bound-hosts".into());
+        base.passthrough.clear();
+        let c3 = sidecar_config(&base, Path::new("/d"), Path::new("/s/ca"), &[], &[]);
+        assert_eq!(c3.intercept.as_deref(), Some("bound-hosts"));
         let text = toml::to_string(&c).unwrap();
         assert_eq!(lap_vault_config::parse_config(&text).unwrap(), c);
     }
