@@ -3,7 +3,7 @@
 
 use std::pin::Pin;
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::Arc;
+use std::sync::{Arc, Mutex};
 use std::task::{ready, Context, Poll};
 
 use bytes::Bytes;
@@ -11,7 +11,7 @@ use http::HeaderMap;
 use http_body::{Body, Frame, SizeHint};
 use pin_project_lite::pin_project;
 
-use crate::rewrite::StreamRewriter;
+use crate::rewrite::{Exfiltration, StreamRewriter, StubScanner};
 use crate::secrets::SecretSet;
 use crate::upstream::BoxError;
 
@@ -28,6 +28,8 @@ pin_project! {
         trailers: Option<HeaderMap>,
         // Trailer values with a real value get its stub (W03).
         redact_trailers: Option<Arc<SecretSet>>,
+        // The stub tripwire over a request body that streams.
+        tripwire: Option<Tripwire>,
         done: bool,
         on_end: Option<OnEnd>,
     }
@@ -56,6 +58,7 @@ impl<B> StreamBody<B> {
             counter,
             trailers: None,
             redact_trailers: None,
+            tripwire: None,
             done: false,
             on_end,
         }
@@ -65,6 +68,34 @@ impl<B> StreamBody<B> {
     pub(crate) fn redacting_trailers(mut self, secrets: Arc<SecretSet>) -> Self {
         self.redact_trailers = Some(secrets);
         self
+    }
+
+    /// Look at every data frame and trailer through `tripwire` before it goes on: the first stub
+    /// it refuses ends the body with an error (the upstream request is reset) and is kept in
+    /// `tripwire.tripped`.
+    pub(crate) fn with_tripwire(mut self, tripwire: Tripwire) -> Self {
+        self.tripwire = Some(tripwire);
+        self
+    }
+}
+
+/// A [`StubScanner`] over a streaming request body, and where the stub it refused is kept.
+pub(crate) struct Tripwire {
+    pub(crate) scanner: StubScanner,
+    pub(crate) secrets: Arc<SecretSet>,
+    pub(crate) tripped: Arc<Mutex<Option<Exfiltration>>>,
+}
+
+impl Tripwire {
+    fn check(&mut self, bytes: &[u8]) -> Result<(), BoxError> {
+        self.scanner.push(&self.secrets, bytes).map_err(|ex| {
+            let msg = format!(
+                "the request body carries the stub of {}, which is not bound to this host",
+                ex.secret
+            );
+            *self.tripped.lock().unwrap_or_else(|p| p.into_inner()) = Some(ex);
+            BoxError::from(msg)
+        })
     }
 }
 
@@ -85,6 +116,10 @@ where
             match ready!(this.inner.as_mut().poll_frame(cx)) {
                 Some(Ok(frame)) => match frame.into_data() {
                     Ok(data) => {
+                        if let Some(Err(e)) = this.tripwire.as_mut().map(|t| t.check(&data)) {
+                            *this.done = true;
+                            return Poll::Ready(Some(Err(e)));
+                        }
                         let out = match this.rewriter.as_mut() {
                             Some(rw) => rw.push(data),
                             None => data,
@@ -99,6 +134,17 @@ where
                         // Trailers end the body: flush what the rewriter holds first.
                         *this.done = true;
                         *this.trailers = frame.into_trailers().ok();
+                        if let (Some(t), Some(trailers)) = (this.tripwire.as_mut(), this.trailers.as_ref()) {
+                            for (name, value) in trailers {
+                                let checked = t
+                                    .check(name.as_str().as_bytes())
+                                    .and_then(|()| t.check(value.as_bytes()));
+                                if let Err(e) = checked {
+                                    *this.trailers = None;
+                                    return Poll::Ready(Some(Err(e)));
+                                }
+                            }
+                        }
                         if let (Some(secrets), Some(t)) = (this.redact_trailers.as_ref(), this.trailers.as_mut()) {
                             crate::rewrite::redact_headers(secrets, t);
                         }

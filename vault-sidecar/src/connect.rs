@@ -4,8 +4,8 @@
 use std::fmt;
 use std::net::{IpAddr, SocketAddr};
 
-use crate::config::InterceptMode;
 use crate::config::{is_valid_dns_name, TargetHost};
+use crate::config::{BindingSet, InterceptMode};
 use crate::secrets::SecretSet;
 
 /// Where a CONNECT (or absolute-form request) goes: host and port.
@@ -84,12 +84,17 @@ pub fn is_self(target: &Target, own: &[SocketAddr]) -> bool {
     })
 }
 
-/// Whether the sidecar terminates TLS for this target (else it tunnels bytes untouched).
-pub(crate) fn should_intercept(mode: InterceptMode, secrets: &SecretSet, target: &Target) -> bool {
-    match mode {
-        InterceptMode::All => true,
-        InterceptMode::BoundHosts => secrets.has_secret_for(&target.host, target.port),
-    }
+/// Whether the sidecar terminates TLS for this target (else it tunnels bytes untouched): a host
+/// some secret is bound to always; under `intercept = "all"` every other one too, except the
+/// `passthrough` targets.
+pub(crate) fn should_intercept(
+    mode: InterceptMode,
+    passthrough: &BindingSet,
+    secrets: &SecretSet,
+    target: &Target,
+) -> bool {
+    secrets.has_secret_for(&target.host, target.port)
+        || (mode == InterceptMode::All && !passthrough.matches(&target.host, target.port))
 }
 
 #[cfg(test)]

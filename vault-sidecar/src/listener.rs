@@ -18,13 +18,14 @@ use hyper_util::rt::{TokioIo, TokioTimer};
 use tokio::net::TcpListener;
 
 use crate::admission::Destination;
-use crate::body::StreamBody;
+use crate::body::{DrainOnDrop, StreamBody};
 use crate::connect::{parse_target, should_intercept};
 use crate::headers::strip_hop_by_hop;
 use crate::intercept::context::{Mode, Outcome, RequestContext};
-use crate::intercept::{serve_tunnel, upstream_refusal, MAX_REQUEST_HEAD};
+use crate::intercept::{head, relay, serve_tunnel, upstream_refusal, MAX_REQUEST_HEAD};
 use crate::proxy::Proxy;
 use crate::refusal::{self, BlockReason, Refusal};
+use crate::rewrite::HostRules;
 use crate::upstream::ProxyBody;
 
 /// Deadline for a whole request head on the proxy port (a CONNECT or an absolute-form request,
@@ -90,7 +91,41 @@ async fn connect(proxy: Arc<Proxy>, peer: SocketAddr, req: Request<Incoming>) ->
         Mode::Tunnel,
         "CONNECT",
     )?;
-    if should_intercept(proxy.settings.intercept, &snapshot.secrets, &target) {
+    if should_intercept(
+        proxy.settings.intercept,
+        &proxy.settings.passthrough,
+        &snapshot.secrets,
+        &target,
+    ) {
+        // The upstream is connected per request inside the tunnel, and checked there; a target
+        // whose addresses are refused already is a 403 to the CONNECT itself, as for a tunnel. A
+        // name that does not resolve yet is answered inside (a `502 dns` the client can read).
+        if let Ok(addrs) = proxy.upstreams.resolver.resolve(&target.host, target.port).await {
+            let own = proxy.own_addrs();
+            let refusal = addrs.iter().find_map(|a| {
+                if own.contains(a) {
+                    Some(Refusal::blocked(BlockReason::Loop, &target.host))
+                } else {
+                    let policy = proxy.upstreams.resolver.policy();
+                    policy.check(*a).err().map(|why| {
+                        Refusal::upstream(
+                            &crate::upstream::UpstreamError::Denied {
+                                host: target.host.to_string(),
+                                addr: *a,
+                                why,
+                            },
+                            &target.host,
+                        )
+                    })
+                }
+            });
+            if let Some(r) = refusal {
+                proxy.metrics.count_refusal(&r);
+                proxy.metrics.count_request(Mode::Tunnel.as_str(), r.status().as_u16());
+                proxy.audit_connection("CONNECT", &target, Err(&r), (0, 0), std::time::Duration::ZERO);
+                return Err(r);
+            }
+        }
         tokio::spawn(async move {
             match hyper::upgrade::on(req).await {
                 Ok(upgraded) => serve_tunnel(proxy, TokioIo::new(upgraded), target).await,
@@ -136,7 +171,7 @@ async fn connect(proxy: Arc<Proxy>, peer: SocketAddr, req: Request<Incoming>) ->
 }
 
 /// Absolute-form `http://`: forwarded as is, and finished (audited) when the response body ends.
-/// Stubs are never swapped over cleartext.
+/// Stubs are never swapped over cleartext; one anywhere in the request is refused (the tripwire).
 async fn forward_plain(proxy: Arc<Proxy>, req: Request<Incoming>) -> Response<ProxyBody> {
     let target = match parse_target(req.uri().host(), req.uri().port_u16(), 80) {
         Ok(t) => t,
@@ -154,19 +189,35 @@ async fn forward_plain(proxy: Arc<Proxy>, req: Request<Incoming>) -> Response<Pr
     ) {
         return r.into_response();
     }
+    let secrets = snapshot.secrets.clone();
     let ctx = RequestContext::new(proxy.clone(), Mode::Forwarded, target.clone(), snapshot.secrets, &req);
     let (mut parts, body) = req.into_parts();
     strip_hop_by_hop(&mut parts.headers, false);
+    // No secret is bound over cleartext: any stub in the head or the body is refused.
+    let rules = HostRules::cleartext(&secrets);
+    if let Err(r) = head::tripwire_cleartext(&parts, &rules, &target) {
+        return ctx.refuse(r);
+    }
+    let body = match relay::request_body(DrainOnDrop::new(body), &mut parts, &rules, &ctx).await {
+        Ok(body) => body,
+        Err(r) => return ctx.refuse(r),
+    };
     if let Ok(host) = HeaderValue::from_str(&target.uri_authority(80)) {
         parts.headers.insert(header::HOST, host);
     }
     parts.version = Version::HTTP_11;
-    let body = StreamBody::new(body, None, ctx.counters.bytes_up.clone(), None).boxed_unsync();
     let limit = proxy.settings.upstream_response_timeout;
     let resp =
         match tokio::time::timeout(limit, proxy.upstreams.h1_only.request(Request::from_parts(parts, body))).await {
             Ok(Ok(resp)) => resp,
-            Ok(Err(e)) => return ctx.refuse(upstream_refusal(&e, &target)),
+            Ok(Err(e)) => {
+                let tripped = ctx.counters.tripped.lock().unwrap_or_else(|p| p.into_inner()).take();
+                let refusal = match tripped {
+                    Some(ex) => head::exfiltration(ex, &target),
+                    None => upstream_refusal(&e, &target),
+                };
+                return ctx.refuse(refusal);
+            }
             Err(_) => {
                 return ctx.refuse(Refusal::failed(
                     crate::refusal::ErrorKind::UpstreamResponseTimeout,

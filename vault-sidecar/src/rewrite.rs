@@ -73,8 +73,85 @@ impl<'a> HostRules<'a> {
         }
     }
 
+    /// The rules over cleartext (`http://`): no secret is bound there, so any stub refuses.
+    pub fn cleartext(set: &'a SecretSet) -> Self {
+        Self {
+            set,
+            bound: vec![false; set.len()],
+        }
+    }
+
     pub fn set(&self) -> &'a SecretSet {
         self.set
+    }
+
+    /// Whether this host is bound to some secret (then bodies may carry other secrets' stubs
+    /// under `body_tripwire = "hosts-without-secrets"`).
+    pub fn has_bound(&self) -> bool {
+        self.bound.iter().any(|b| *b)
+    }
+
+    /// Whether some secret's stub would trip the tripwire here (a secret not bound to this host).
+    pub fn has_unbound(&self) -> bool {
+        self.set.stub_automaton().is_some() && !self.bound.iter().all(|b| *b)
+    }
+
+    /// The body tripwire over a whole body: a stub of a secret this host is not bound to, as
+    /// written or encoded ([`HostRules::tripwire`]), refuses. A JSON body with `\u` escapes
+    /// (RFC 8259 §7: any character may be written so) is also read string by string, unescaped.
+    pub fn body(&self, input: &[u8]) -> Result<(), Exfiltration> {
+        if !self.has_unbound() {
+            return Ok(());
+        }
+        self.unbound_anywhere(input)?;
+        if input.windows(2).any(|w| w == b"\\u") {
+            if let Ok(json) = serde_json::from_slice::<serde_json::Value>(input) {
+                return self.json_strings(&json);
+            }
+        }
+        Ok(())
+    }
+
+    fn json_strings(&self, v: &serde_json::Value) -> Result<(), Exfiltration> {
+        match v {
+            serde_json::Value::String(s) => self.unbound_anywhere(s.as_bytes()),
+            serde_json::Value::Array(items) => items.iter().try_for_each(|i| self.json_strings(i)),
+            serde_json::Value::Object(map) => map.iter().try_for_each(|(k, v)| {
+                self.unbound_anywhere(k.as_bytes())?;
+                self.json_strings(v)
+            }),
+            _ => Ok(()),
+        }
+    }
+
+    /// An unbound secret's stub in `input`, as written, encoded or percent-encoded.
+    fn unbound_anywhere(&self, input: &[u8]) -> Result<(), Exfiltration> {
+        if let Some(ac) = self.set.stub_automaton() {
+            if let Some(id) = ac
+                .find_iter(input)
+                .map(|m| m.pattern().as_usize())
+                .find(|&id| !self.bound[id])
+            {
+                return Err(self.refusal(id, Location::Body, StubRefusal::Unbound));
+            }
+        }
+        self.tripwire(input, Location::Body)
+    }
+
+    /// The body tripwire for a body that streams: `None` when every secret is bound here.
+    pub fn stub_scanner(&self, location: Location) -> Option<StubScanner> {
+        if !self.has_unbound() {
+            return None;
+        }
+        // Every pattern is a stub or an encoded form of one: base64 grows it by 4/3, JSON
+        // escaping at most doubles it.
+        let longest = self.set.stub_bytes().iter().map(Bytes::len).max().unwrap_or(0);
+        Some(StubScanner {
+            bound: self.bound.clone(),
+            location,
+            keep: longest * 2 + 4,
+            tail: Vec::new(),
+        })
     }
 
     /// The tripwire beyond the stub as written: a stub of a secret this host is not bound to,
@@ -291,6 +368,62 @@ impl<'a> HostRules<'a> {
             buf.extend_from_slice(&input[last..]);
         }
         Ok(out)
+    }
+}
+
+/// The tripwire over a stream (a request body that is not buffered, WebSocket messages from the
+/// client): finds a stub of a secret the host is not bound to, as written or base64/JSON-encoded,
+/// across chunk boundaries. It only looks: the caller forwards a chunk once [`StubScanner::push`]
+/// has passed it, so a stub is refused before its last byte leaves (its first bytes may have).
+#[derive(Debug, Clone)]
+pub struct StubScanner {
+    /// Which secrets the host is bound to, by index.
+    bound: Vec<bool>,
+    location: Location,
+    /// Bytes of the previous chunks kept, so a pattern across a boundary is found.
+    keep: usize,
+    tail: Vec<u8>,
+}
+
+impl StubScanner {
+    /// Look at the next chunk (of the same stream as the previous ones).
+    pub fn push(&mut self, set: &SecretSet, chunk: &[u8]) -> Result<(), Exfiltration> {
+        let window: std::borrow::Cow<'_, [u8]> = if self.tail.is_empty() {
+            chunk.into()
+        } else {
+            let mut w = std::mem::take(&mut self.tail);
+            w.extend_from_slice(chunk);
+            w.into()
+        };
+        let bound = &self.bound;
+        let refuse = |id: usize| -> Exfiltration {
+            Exfiltration {
+                secret: set.secrets()[id].name.clone(),
+                location: self.location,
+                why: StubRefusal::Unbound,
+            }
+        };
+        if let Some(ac) = set.stub_automaton() {
+            if let Some(id) = ac
+                .find_iter(&window)
+                .map(|m| m.pattern().as_usize())
+                .find(|&id| !bound[id])
+            {
+                return Err(refuse(id));
+            }
+        }
+        if let Some((ac, ids)) = set.encoded_stub_automaton() {
+            if let Some(id) = ac
+                .find_iter(&window)
+                .map(|m| ids[m.pattern().as_usize()])
+                .find(|&id| !bound[id])
+            {
+                return Err(refuse(id));
+            }
+        }
+        let from = window.len().saturating_sub(self.keep);
+        self.tail = window[from..].to_vec();
+        Ok(())
     }
 }
 

@@ -152,7 +152,14 @@ async fn handle(proxy: Arc<Proxy>, mut stream: TcpStream) -> io::Result<()> {
         prefix: buf,
         inner: stream,
     };
-    if matches!(hello, Hello::Tls { .. }) && should_intercept(proxy.settings.intercept, &snapshot.secrets, &target) {
+    if matches!(hello, Hello::Tls { .. })
+        && should_intercept(
+            proxy.settings.intercept,
+            &proxy.settings.passthrough,
+            &snapshot.secrets,
+            &target,
+        )
+    {
         serve_tunnel(proxy, io, target).await;
         return Ok(());
     }

@@ -14,12 +14,16 @@
 //! (`permessage-deflate`, RFC 7692) hides a value; a frame with an RSV bit set anyway is
 //! something it cannot read, and the connection is closed (fail closed).
 //!
-//! The client's frames go to the upstream untouched.
+//! The client's frames go to the upstream as they are, but read first ([`FrameTripwire`]): a stub
+//! of a secret the host is not bound to in a message (as written or encoded, across frames)
+//! closes the connection before the frame that completes it leaves, with a `1008` close to the
+//! client. No surface declares a WebSocket message, so nothing in one is swapped; a bound
+//! secret's stub passes as the stub, as in a body.
 
 use bytes::{Buf, BufMut, Bytes, BytesMut};
 use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
 
-use crate::rewrite::{self, StreamRewriter};
+use crate::rewrite::{self, Exfiltration, StreamRewriter, StubScanner};
 use crate::secrets::SecretSet;
 
 const OP_CONTINUATION: u8 = 0x0;
@@ -204,6 +208,96 @@ impl FrameRedactor {
     }
 }
 
+/// Why the client's frames stop at the vault.
+#[derive(Debug)]
+pub(crate) enum ClientFrames {
+    /// A stub the tripwire refuses.
+    Stub(Exfiltration),
+    /// Framing the vault cannot read, so cannot check.
+    Frame(FrameError),
+}
+
+impl From<FrameError> for ClientFrames {
+    fn from(e: FrameError) -> Self {
+        Self::Frame(e)
+    }
+}
+
+/// Reads the client's (masked) frames as they stream and passes their payloads, unmasked,
+/// through a [`StubScanner`]: one over the data messages (so a stub split across fragments is
+/// found), a fresh one per control frame.
+pub(crate) struct FrameTripwire {
+    secrets: std::sync::Arc<SecretSet>,
+    data: StubScanner,
+    fresh: StubScanner,
+    control: Option<StubScanner>,
+    buf: BytesMut,
+    head: Option<Head>,
+}
+
+impl FrameTripwire {
+    pub(crate) fn new(secrets: std::sync::Arc<SecretSet>, scanner: StubScanner) -> Self {
+        Self {
+            secrets,
+            data: scanner.clone(),
+            fresh: scanner,
+            control: None,
+            buf: BytesMut::new(),
+            head: None,
+        }
+    }
+
+    /// Look at the next bytes from the client; `Ok` when they may go on to the upstream.
+    pub(crate) fn push(&mut self, input: &[u8]) -> Result<(), ClientFrames> {
+        self.buf.extend_from_slice(input);
+        loop {
+            let Some(mut head) = self.head else {
+                match parse_head(&self.buf)? {
+                    Some((head, len)) => {
+                        self.buf.advance(len);
+                        if head.opcode >= 0x8 {
+                            if !head.fin || head.remaining > MAX_CONTROL as u64 {
+                                return Err(FrameError::Control.into());
+                            }
+                            self.control = Some(self.fresh.clone());
+                        } else if !matches!(head.opcode, OP_CONTINUATION | OP_TEXT | OP_BINARY) {
+                            return Err(FrameError::Opcode(head.opcode).into());
+                        }
+                        self.head = Some(head);
+                        continue;
+                    }
+                    None => return Ok(()),
+                }
+            };
+            let take = usize::try_from(head.remaining)
+                .unwrap_or(usize::MAX)
+                .min(self.buf.len());
+            if take == 0 && head.remaining > 0 {
+                return Ok(());
+            }
+            let mut payload = self.buf.split_to(take);
+            if let Some(key) = head.mask {
+                for (i, b) in payload.iter_mut().enumerate() {
+                    *b ^= key[((head.offset + i as u64) % 4) as usize];
+                }
+            }
+            head.offset += take as u64;
+            head.remaining -= take as u64;
+            let scanner = match (head.opcode >= 0x8, self.control.as_mut()) {
+                (true, Some(c)) => c,
+                _ => &mut self.data,
+            };
+            scanner.push(&self.secrets, &payload).map_err(ClientFrames::Stub)?;
+            if head.remaining == 0 {
+                self.head = None;
+            } else {
+                self.head = Some(head);
+                return Ok(());
+            }
+        }
+    }
+}
+
 /// A frame head from the start of `buf`, with its length in bytes; `None` when more bytes are
 /// needed.
 fn parse_head(buf: &[u8]) -> Result<Option<(Head, usize)>, FrameError> {
@@ -269,30 +363,72 @@ fn write_frame(out: &mut BytesMut, fin: bool, opcode: u8, payload: &[u8]) {
     out.extend_from_slice(payload);
 }
 
-/// Relay an upgraded WebSocket connection: client → upstream untouched, upstream → client through
-/// a [`FrameRedactor`]. Returns the bytes each way and the redaction hits; ends when both
-/// directions have, or at once (both sides closed) when the upstream sends what cannot be redacted.
-pub(crate) async fn relay<C, U>(client: C, upstream: U, secrets: std::sync::Arc<SecretSet>) -> (u64, u64, Vec<u64>)
+/// Relay an upgraded WebSocket connection: client → upstream through a [`FrameTripwire`] when
+/// one is given, upstream → client through a [`FrameRedactor`]. Returns the bytes each way, the
+/// redaction hits and the stub the tripwire refused; ends when both directions have, or at once
+/// (both sides closed) when the upstream sends what cannot be redacted or the client a stub.
+pub(crate) async fn relay<C, U>(
+    client: C,
+    upstream: U,
+    secrets: std::sync::Arc<SecretSet>,
+    tripwire: Option<StubScanner>,
+) -> (u64, u64, Vec<u64>, Option<Exfiltration>)
 where
     C: AsyncRead + AsyncWrite + Unpin,
     U: AsyncRead + AsyncWrite + Unpin,
 {
     let (mut cr, mut cw) = tokio::io::split(client);
     let (mut ur, mut uw) = tokio::io::split(upstream);
-    let mut redactor = FrameRedactor::new(secrets);
+    let mut redactor = FrameRedactor::new(secrets.clone());
+    let mut tripwire = tripwire.map(|t| FrameTripwire::new(secrets, t));
+    let stop = tokio::sync::Notify::new();
     let up = async {
-        let n = tokio::io::copy(&mut cr, &mut uw).await.unwrap_or(0);
+        let mut sent = 0u64;
+        let mut buf = vec![0u8; 16 * 1024];
+        let mut refused = None;
+        loop {
+            let n = match cr.read(&mut buf).await {
+                Ok(0) | Err(_) => break,
+                Ok(n) => n,
+            };
+            match tripwire.as_mut().map(|t| t.push(&buf[..n])) {
+                Some(Err(ClientFrames::Stub(ex))) => {
+                    tracing::warn!(secret = %ex.secret, "a WebSocket message from the client carries a stub not bound to this host; closing");
+                    refused = Some(ex);
+                    stop.notify_one();
+                    break;
+                }
+                Some(Err(ClientFrames::Frame(e))) => {
+                    tracing::warn!(error = %e, "WebSocket frames from the client cannot be read; closing");
+                    stop.notify_one();
+                    break;
+                }
+                _ => {}
+            }
+            if uw.write_all(&buf[..n]).await.is_err() {
+                break;
+            }
+            sent += n as u64;
+        }
         let _ = uw.shutdown().await;
-        n
+        (sent, refused)
     };
     let down = async {
         let mut sent = 0u64;
         let mut buf = vec![0u8; 16 * 1024];
         let mut out = BytesMut::new();
         loop {
-            let n = match ur.read(&mut buf).await {
-                Ok(0) | Err(_) => break,
-                Ok(n) => n,
+            let n = tokio::select! {
+                read = ur.read(&mut buf) => match read {
+                    Ok(0) | Err(_) => break,
+                    Ok(n) => n,
+                },
+                () = stop.notified() => {
+                    // Policy violation (RFC 6455 §7.4.1).
+                    write_frame(&mut out, true, 0x8, &1008u16.to_be_bytes());
+                    let _ = cw.write_all(&out).await;
+                    break;
+                }
             };
             if let Err(e) = redactor.push(&buf[..n], &mut out) {
                 tracing::warn!(error = %e, "WebSocket frames from the upstream cannot be redacted; closing");
@@ -309,8 +445,8 @@ where
         let _ = cw.shutdown().await;
         sent
     };
-    let (up, down) = tokio::join!(up, down);
-    (up, down, redactor.hits().to_vec())
+    let ((up, refused), down) = tokio::join!(up, down);
+    (up, down, redactor.hits().to_vec(), refused)
 }
 
 #[cfg(test)]

@@ -47,6 +47,9 @@ pub(crate) struct Counters {
     pub(crate) bytes_down: Arc<AtomicU64>,
     /// Stub swaps in the request body, by secret id (set when the request body ends).
     pub(crate) body_hits: Mutex<Vec<u64>>,
+    /// The stub the tripwire found in a request body that was streaming (its upstream request
+    /// was reset).
+    pub(crate) tripped: Arc<Mutex<Option<crate::rewrite::Exfiltration>>>,
 }
 
 /// How the request ended.
@@ -178,7 +181,16 @@ impl RequestContext {
                         })
                         .inc_by(*n);
                 }
-                (None, None, None)
+                // The tripwire ended a body or a WebSocket after the response head had come.
+                let tripped = self.counters.tripped.lock().unwrap_or_else(|p| p.into_inner()).take();
+                match tripped {
+                    Some(ex) => (
+                        Some(crate::refusal::BlockReason::StubExfiltration.as_str()),
+                        None,
+                        Some(ex.secret),
+                    ),
+                    None => (None, None, None),
+                }
             }
         };
         self.proxy.audit.record(AuditEvent {

@@ -144,6 +144,29 @@ pub(crate) fn rewrite_request(
     Ok(())
 }
 
+/// The tripwire over a cleartext request's head (`rules` from [`HostRules::cleartext`]): a stub
+/// in the path, the query, a header name or a header value refuses.
+pub(crate) fn tripwire_cleartext(
+    parts: &request::Parts,
+    rules: &HostRules<'_>,
+    target: &Target,
+) -> Result<(), Refusal> {
+    let mut none = Injections::default();
+    let pq = parts.uri.path_and_query().map_or("/", |pq| pq.as_str());
+    rules
+        .path_and_query(pq, &mut none)
+        .map_err(|ex| exfiltration(ex, target))?;
+    for (name, value) in &parts.headers {
+        rules
+            .header_name(name.as_str())
+            .map_err(|ex| exfiltration(ex, target))?;
+        rules
+            .header_value(name.as_str(), value.as_bytes(), &mut none)
+            .map_err(|ex| exfiltration(ex, target))?;
+    }
+    Ok(())
+}
+
 /// Whether the request body is identity-coded (the only coding whose stubs are swapped).
 pub(crate) fn identity_body(parts: &request::Parts) -> bool {
     parts

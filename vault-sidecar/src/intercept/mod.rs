@@ -124,7 +124,11 @@ where
             .writev(false)
             .header_read_timeout(HEADER_READ_TIMEOUT)
             .max_header_size(MAX_REQUEST_HEAD)
-            .half_close(true)
+            // A client's EOF inside TLS means it is gone: the request in flight is dropped, and
+            // with it the upstream request (a stalled upstream is not held for a client that
+            // left). On the proxy port, cleartext clients may half-close and still get their
+            // answer (listener.rs).
+            .half_close(false)
             .serve_connection(io, service)
             .with_upgrades()
             .await
@@ -211,7 +215,14 @@ impl Tunnel {
         let result = tokio::time::timeout(limit, client.request(Request::from_parts(parts, body))).await;
         ctx.upstream_time = sent_at.elapsed();
         let resp = match result {
-            Ok(r) => r.map_err(|e| upstream_refusal(&e, &self.target))?,
+            Ok(r) => r.map_err(|e| {
+                // The tripwire ended a streaming body: the upstream request was reset.
+                let tripped = ctx.counters.tripped.lock().unwrap_or_else(|p| p.into_inner()).take();
+                match tripped {
+                    Some(ex) => head::exfiltration(ex, &self.target),
+                    None => upstream_refusal(&e, &self.target),
+                }
+            })?,
             Err(_) => {
                 tracing::warn!(host = %self.target.host, timeout_s = limit.as_secs(), "the upstream sent no response head in time");
                 return Err(Refusal::failed(

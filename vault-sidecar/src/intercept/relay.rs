@@ -13,7 +13,8 @@ use hyper_util::rt::TokioIo;
 
 use super::context::{Outcome, RequestContext};
 use super::{head, EXACT_LENGTH_LIMIT};
-use crate::body::{DrainOnDrop, StreamBody};
+use crate::body::{DrainOnDrop, StreamBody, Tripwire};
+use crate::config::{BodyTripwire, Location};
 use crate::refusal::{self, ErrorKind, Refusal};
 use crate::rewrite::{self, HostRules, StreamRewriter};
 use crate::secrets::SecretSet;
@@ -42,9 +43,11 @@ pub(crate) enum Relay {
 }
 
 /// The request body for the upstream: stubs swapped when the host's rules swap body stubs and the
-/// body is identity-coded (a compressed upload passes untouched). A body up to
-/// [`EXACT_LENGTH_LIMIT`] is rewritten whole with an exact `Content-Length`; a larger one streams
-/// chunked.
+/// body is identity-coded (a compressed upload passes untouched), and the stub tripwire over it
+/// ([`tripwire_applies`]). A body up to [`EXACT_LENGTH_LIMIT`] is read whole (while the buffer
+/// budget lasts): a stub the tripwire finds is a `403` before anything goes upstream, and a
+/// rewritten body keeps an exact `Content-Length`. A larger one streams (chunked when rewritten);
+/// the tripwire ends it with an error at the first stub, which resets the upstream request.
 pub(crate) async fn request_body(
     body: DrainOnDrop,
     parts: &mut request::Parts,
@@ -52,7 +55,9 @@ pub(crate) async fn request_body(
     ctx: &RequestContext,
 ) -> Result<ProxyBody, Refusal> {
     let counters = &ctx.counters;
-    let rewriter = if http_body::Body::is_end_stream(&body) {
+    let empty = http_body::Body::is_end_stream(&body);
+    let identity = head::identity_body(parts);
+    let rewriter = if empty {
         None
     } else {
         rules.body_rewriter(
@@ -62,39 +67,75 @@ pub(crate) async fn request_body(
         )
     };
     let rewriter = match rewriter {
-        Some(_) if !head::identity_body(parts) => {
+        Some(_) if !identity => {
             tracing::info!(host = %ctx.target().host, "request body is compressed; body stubs are not swapped");
             None
         }
         rw => rw,
     };
-    let Some(mut rw) = rewriter else {
+    let tripwire = !empty && tripwire_applies(ctx, rules);
+    if tripwire && !identity {
+        tracing::info!(host = %ctx.target().host, "request body is compressed; the stub tripwire does not read it");
+    }
+    let tripwire = tripwire && identity;
+    if rewriter.is_none() && !tripwire {
         return Ok(StreamBody::new(body, None, counters.bytes_up.clone(), None).boxed_unsync());
-    };
+    }
     match buffer_permit(ctx, head::content_length(&parts.headers)) {
         Some(permit) => {
             let whole = body.collect().await.map_err(|e| {
                 tracing::debug!(error = %e, "client request body ended early");
                 Refusal::bad_request("the request body ended before Content-Length")
             })?;
-            let mut out = rw.push(whole.to_bytes()).to_vec();
-            out.extend_from_slice(&rw.finish());
-            *counters.body_hits.lock().unwrap_or_else(|p| p.into_inner()) = rw.hits().to_vec();
+            let whole = whole.to_bytes();
+            if tripwire {
+                rules.body(&whole).map_err(|ex| head::exfiltration(ex, ctx.target()))?;
+            }
+            let out = match rewriter {
+                Some(mut rw) => {
+                    let mut out = rw.push(whole).to_vec();
+                    out.extend_from_slice(&rw.finish());
+                    *counters.body_hits.lock().unwrap_or_else(|p| p.into_inner()) = rw.hits().to_vec();
+                    parts
+                        .headers
+                        .insert(header::CONTENT_LENGTH, HeaderValue::from(out.len()));
+                    Bytes::from(out)
+                }
+                None => whole,
+            };
             counters.bytes_up.fetch_add(out.len() as u64, Ordering::Relaxed);
-            parts
-                .headers
-                .insert(header::CONTENT_LENGTH, HeaderValue::from(out.len()));
-            Ok(refusal::full_budgeted(Bytes::from(out), permit))
+            Ok(refusal::full_budgeted(out, permit))
         }
         None => {
-            parts.headers.remove(header::CONTENT_LENGTH);
-            let c = counters.clone();
-            let on_end = Box::new(move |hits: &[u64]| {
-                *c.body_hits.lock().unwrap_or_else(|p| p.into_inner()) = hits.to_vec();
+            let on_end: Option<crate::body::OnEnd> = rewriter.is_some().then(|| {
+                parts.headers.remove(header::CONTENT_LENGTH);
+                let c = counters.clone();
+                Box::new(move |hits: &[u64]| {
+                    *c.body_hits.lock().unwrap_or_else(|p| p.into_inner()) = hits.to_vec();
+                }) as crate::body::OnEnd
             });
-            Ok(StreamBody::new(body, Some(rw), counters.bytes_up.clone(), Some(on_end)).boxed_unsync())
+            let mut streamed = StreamBody::new(body, rewriter, counters.bytes_up.clone(), on_end);
+            if let Some(scanner) = rules.stub_scanner(Location::Body).filter(|_| tripwire) {
+                streamed = streamed.with_tripwire(Tripwire {
+                    scanner,
+                    secrets: ctx.secrets.clone(),
+                    tripped: counters.tripped.clone(),
+                });
+            }
+            Ok(streamed.boxed_unsync())
         }
     }
+}
+
+/// Whether the stub tripwire reads this request's body (and its WebSocket messages): some secret
+/// is not bound to the target, and `body_tripwire` covers the target (`every-host`, or
+/// `hosts-without-secrets` and no secret is bound to it).
+pub(crate) fn tripwire_applies(ctx: &RequestContext, rules: &HostRules<'_>) -> bool {
+    let covered = match ctx.proxy().settings.body_tripwire {
+        BodyTripwire::EveryHost => true,
+        BodyTripwire::HostsWithoutSecrets => !rules.has_bound(),
+    };
+    covered && rules.has_unbound()
 }
 
 /// The upstream's response made safe for the client: an upgrade joined, else the head redacted
@@ -158,6 +199,15 @@ pub(crate) fn finish(ctx: RequestContext, mut parts: response::Parts, relay: Rel
     let status = parts.status.as_u16();
     let counters = ctx.counters.clone();
     let secrets = ctx.secrets.clone();
+    let tripwire = match &relay {
+        Relay::Upgrade(..) => {
+            let rules = HostRules::new(&secrets, &ctx.target().host, ctx.target().port);
+            tripwire_applies(&ctx, &rules)
+                .then(|| rules.stub_scanner(Location::Body))
+                .flatten()
+        }
+        _ => None,
+    };
     let on_end: crate::body::OnEnd = Box::new(move |redactions: &[u64]| {
         ctx.finish(status, Outcome::Relayed { redactions });
     });
@@ -175,9 +225,10 @@ pub(crate) fn finish(ctx: RequestContext, mut parts: response::Parts, relay: Rel
                 let mut hits = Vec::new();
                 if let (Ok(c), Ok(u)) = (client.await, upstream.await) {
                     let (c, u) = (TokioIo::new(c), TokioIo::new(u));
-                    let (up, down) = if websocket && secrets.value_automaton().is_some() {
-                        let (up, down, h) = crate::ws::relay(c, u, secrets).await;
+                    let (up, down) = if websocket && (secrets.value_automaton().is_some() || tripwire.is_some()) {
+                        let (up, down, h, refused) = crate::ws::relay(c, u, secrets, tripwire).await;
                         hits = h;
+                        *counters.tripped.lock().unwrap_or_else(|p| p.into_inner()) = refused;
                         (up, down)
                     } else {
                         let (mut c, mut u) = (c, u);

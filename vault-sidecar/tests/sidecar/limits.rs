@@ -375,6 +375,66 @@ async fn client_that_stops_reading_http1_releases_the_upstream() {
     sidecar.assert_logs_clean();
 }
 
+/// A client that goes away while its request waits for the upstream's head cancels that upstream
+/// request (HTTP/1.1 inside a tunnel: the connection closes; h2: the stream is reset), instead of
+/// holding it open until the response timeout.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_client_that_goes_away_cancels_its_waiting_upstream_request() {
+    let up = Scripted::start(ANTHROPIC_REAL).await;
+    let sidecar = Sidecar::start(up.sidecar_config()).await;
+    let open = || up.state.silent_open.load(Ordering::SeqCst);
+    for alpn in ["http/1.1", "h2"] {
+        let tls = tunnel_tls(&sidecar, "api.anthropic.com", &[alpn]).await;
+        let (mut sender, conn_task) = if alpn == "h2" {
+            let (sender, conn) = hyper::client::conn::http2::handshake(
+                hyper_util::rt::TokioExecutor::new(),
+                hyper_util::rt::TokioIo::new(tls),
+            )
+            .await
+            .expect("h2 handshake");
+            (Either::H2(sender), tokio::spawn(async move { drop(conn.await) }))
+        } else {
+            let (sender, conn) = hyper::client::conn::http1::handshake(hyper_util::rt::TokioIo::new(tls))
+                .await
+                .expect("h1 handshake");
+            (Either::H1(sender), tokio::spawn(async move { drop(conn.await) }))
+        };
+        let req = hyper::Request::builder()
+            .uri("https://api.anthropic.com/silent")
+            .header("host", "api.anthropic.com")
+            .body(http_body_util::Empty::<bytes::Bytes>::new())
+            .expect("request");
+        let pending = match &mut sender {
+            Either::H1(s) => tokio::spawn(s.send_request(req)),
+            Either::H2(s) => tokio::spawn(s.send_request(req)),
+        };
+        eventually(Duration::from_secs(20), "the upstream holds the request", || {
+            let n = open();
+            async move { (n == 1).then_some(()) }
+        })
+        .await;
+        // The client goes away: request, sender and connection dropped (TCP closed).
+        pending.abort();
+        drop(sender);
+        conn_task.abort();
+        eventually(
+            Duration::from_secs(20),
+            &format!("{alpn}: the upstream request is cancelled"),
+            || {
+                let n = open();
+                async move { (n == 0).then_some(()) }
+            },
+        )
+        .await;
+    }
+    sidecar.assert_logs_clean();
+}
+
+enum Either {
+    H1(hyper::client::conn::http1::SendRequest<http_body_util::Empty<bytes::Bytes>>),
+    H2(hyper::client::conn::http2::SendRequest<http_body_util::Empty<bytes::Bytes>>),
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn client_that_cancels_an_h2_stream_releases_the_upstream() {
     use http_body_util::BodyExt as _;

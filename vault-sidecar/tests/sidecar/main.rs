@@ -10,6 +10,8 @@
 //! - [`reported_cases`]: the proxy cases of real-world reports (`K01`–`K12`), each with its
 //!   correct value.
 //! - [`agents`]: the real agent CLIs (claude, codex, opencode) through the sidecar.
+//! - [`tripwire`]: stubs toward a host their secret is not bound to in a request body, a
+//!   cleartext request or a WebSocket message: refused before they leave, and audited.
 //! - [`transparent`]: iptables-redirected connections in a network namespace.
 //! - [`stand_ins`]: the test upstream itself, answering directly (so a sidecar failure is never
 //!   a stand-in's).
@@ -25,3 +27,4 @@ mod real_clients;
 mod reported_cases;
 mod stand_ins;
 mod transparent;
+mod tripwire;

@@ -691,13 +691,12 @@ async fn websocket_through_tunnel_with_swapped_handshake() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn absolute_form_http_is_forwarded_without_swapping() {
+async fn absolute_form_http_is_forwarded_and_never_carries_a_stub() {
     let h = Harness::default_setup().await;
     let out = h
         .sidecar
         .curl()
-        .args(["-H", "Proxy-Authorization: Basic Zm9vOmJhcg==", "-H"])
-        .arg(format!("x-api-key: {ANTHROPIC_STUB}"))
+        .args(["-H", "Proxy-Authorization: Basic Zm9vOmJhcg==", "-H", "x-plain: 1"])
         .arg("http://api.anthropic.com/echo?x=1")
         .run()
         .await
@@ -706,12 +705,24 @@ async fn absolute_form_http_is_forwarded_without_swapping() {
     let rec = h.upstream.only_request_to("/echo");
     assert_eq!(rec.scheme, "http");
     assert_eq!(rec.path, "/echo?x=1", "origin-form upstream");
-    assert_eq!(rec.header("x-api-key"), Some(ANTHROPIC_STUB), "no swap over cleartext");
+    assert_eq!(rec.header("x-plain"), Some("1"));
     assert!(
         rec.header("proxy-authorization").is_none(),
         "Proxy-Authorization is never forwarded"
     );
-    assert!(!h.upstream.saw(ANTHROPIC_REAL));
+    // Stubs are never swapped over cleartext, and one is not sent as a stub either: the
+    // tripwire refuses it (more cases in `tripwire`).
+    let out = h
+        .sidecar
+        .curl()
+        .args(["-H", &format!("x-api-key: {ANTHROPIC_STUB}")])
+        .arg("http://api.anthropic.com/echo?x=2")
+        .run()
+        .await
+        .ok();
+    assert_eq!(out.status, 403, "{}", out.body_text());
+    assert_eq!(h.upstream.requests_to("/echo").len(), 1);
+    assert!(!h.upstream.saw(ANTHROPIC_REAL) && !h.upstream.saw(ANTHROPIC_STUB));
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -1705,7 +1716,8 @@ async fn egress_is_decided_on_the_resolved_address() {
     let (_s, reply) = connect_raw(h.sidecar.proxy, &format!("[::ffff:127.0.0.1]:{port}")).await;
     assert_eq!(reply.status, 403, "{}", reply.head);
     assert_eq!(reply.header("x-vault-blocked"), Some("egress-policy"));
-    // W07: a name that resolves ([resolve]) into the denied block, intercepted or tunnelled.
+    // W07: a name that resolves ([resolve]) into the denied block, intercepted or tunnelled: the
+    // CONNECT itself is refused, before any TLS.
     let out = h
         .sidecar
         .curl()
@@ -1713,8 +1725,13 @@ async fn egress_is_decided_on_the_resolved_address() {
         .arg("https://api.anthropic.com/echo")
         .run()
         .await;
-    assert_eq!(out.status, 403, "{}", out.body_text());
-    assert_eq!(out.header("x-vault-blocked"), Some("egress-policy"));
+    assert_eq!(out.connect_status, 403, "{} {}", out.stderr, out.header_dump);
+    assert_eq!(
+        out.header("x-vault-blocked"),
+        Some("egress-policy"),
+        "{}",
+        out.header_dump
+    );
     let (_s, reply) = connect_raw(h.sidecar.proxy, "unbound.example:443").await;
     assert!(reply.status >= 400, "{}", reply.head);
     assert!(h.upstream.requests().is_empty(), "{:#?}", h.upstream.requests());

@@ -87,6 +87,17 @@ pub struct ScriptState {
     /// `/endless`: the response body stream was dropped (client gone, stream cancelled).
     pub endless_dropped: AtomicBool,
     pub endless_started: AtomicBool,
+    /// `/silent`: requests waiting now (a request whose client or stream went away is dropped).
+    pub silent_open: AtomicU64,
+}
+
+/// Counts a `/silent` request in `silent_open` while its handler lives.
+struct SilentGuard(Arc<ScriptState>);
+
+impl Drop for SilentGuard {
+    fn drop(&mut self) {
+        self.0.silent_open.fetch_sub(1, Ordering::SeqCst);
+    }
 }
 
 impl ScriptState {
@@ -307,7 +318,11 @@ async fn route(req: Request<Incoming>, st: Arc<ScriptState>, real: Arc<str>, gz:
     let _ = req.into_body().collect().await;
     match path.split('?').next().unwrap_or("") {
         // Never answers: no response head, ever.
-        "/silent" => std::future::pending().await,
+        "/silent" => {
+            st.silent_open.fetch_add(1, Ordering::SeqCst);
+            let _guard = SilentGuard(st.clone());
+            std::future::pending().await
+        }
         "/reflect" => {
             let body = serde_json::json!({ "seen": seen }).to_string();
             Response::builder()

@@ -55,6 +55,8 @@ pub struct SidecarConfig {
     pub secrets: Vec<SecretSpec>,
     /// `secrets_file = ...` when set.
     pub secrets_file: Option<PathBuf>,
+    /// Top-level keys set in the rendered document (e.g. `body_tripwire`, `passthrough`).
+    pub keys: toml::Table,
     /// Raw TOML appended after the rendered document (e.g. extra `[[secrets]]` with `value_file`).
     pub extra_toml: String,
     /// Pass the config path in `VAULT_CONFIG` instead of `--config`.
@@ -82,6 +84,7 @@ impl SidecarConfig {
             egress_deny: Vec::new(),
             egress_deny_local: false,
             secrets_file: None,
+            keys: toml::Table::new(),
             extra_toml: String::new(),
             config_via_env: false,
             child_env: Vec::new(),
@@ -139,6 +142,7 @@ impl SidecarConfig {
         if let Some(i) = &self.intercept {
             root.insert("intercept".into(), i.clone().into());
         }
+        root.extend(self.keys.clone());
         let mut resolve = toml::Table::new();
         for (k, v) in &self.resolve {
             resolve.insert(k.clone(), v.clone().into());

