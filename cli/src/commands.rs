@@ -47,7 +47,7 @@ fn table(header: &[&str], rows: Vec<Vec<String>>) {
                 s.push_str(&format!("{c:<w$}  ", w = width[i]));
             }
         }
-        println!("{}", s.trim_end());
+        out!("{}", s.trim_end());
     };
     line(header.iter().map(|h| (*h).to_owned()).collect());
     for r in rows {
@@ -134,7 +134,7 @@ pub(crate) async fn login(url: Option<String>) -> Result<ExitCode> {
 
 /// Print `v` as indented JSON (for `--json`).
 fn print_json(v: &Value) -> Result<()> {
-    println!("{}", serde_json::to_string_pretty(v)?);
+    out!("{}", serde_json::to_string_pretty(v)?);
     Ok(())
 }
 
@@ -172,7 +172,7 @@ pub(crate) async fn agents(json: bool) -> Result<ExitCode> {
 
 /// One agent, as a few labelled lines.
 fn show_agent(a: &Value) {
-    println!("{} ({})", str_of(a, "name"), str_of(a, "id"));
+    out!("{} ({})", str_of(a, "name"), str_of(a, "id"));
     let env_names: Vec<&str> = a["env_vars"]
         .as_object()
         .map(|o| o.keys().map(String::as_str).collect())
@@ -194,7 +194,7 @@ fn show_agent(a: &Value) {
             },
         ),
     ] {
-        println!("  {label:<10} {value}");
+        out!("  {label:<10} {value}");
     }
 }
 
@@ -476,7 +476,7 @@ pub(crate) async fn run(args: RunArgs) -> Result<ExitCode> {
     let s = wait_ready(&c, &id).await?;
     settled(&s)?;
     if args.no_attach {
-        println!("{id}");
+        out!("{id}");
         return Ok(ExitCode::SUCCESS);
     }
     eprintln!("Ready. Attaching (Ctrl-D detaches; the session keeps running).");
@@ -514,6 +514,8 @@ pub(crate) async fn send(session: &str, text: &str) -> Result<ExitCode> {
     let mut waiting = true;
     let mut frame = 0usize;
     let mut last_note = Instant::now();
+    let mut problems: std::collections::HashMap<String, usize> = std::collections::HashMap::new();
+    let mut repeated: Option<(String, usize)> = None;
     if !tty {
         eprintln!("Sent to {id}; waiting for the agent's first event…");
     }
@@ -530,12 +532,20 @@ pub(crate) async fn send(session: &str, text: &str) -> Result<ExitCode> {
             next = body.next() => next,
             _ = vault_poll.tick() => {
                 // What the vault saw go wrong, as it happens (a DNS failure, a block, …).
+                // Each problem is printed once; its repeats (a CLI retrying) are counted on the
+                // waiting line.
                 if let Ok(events) = c.interceptions(&id).await {
                     for p in events.iter().skip(vault_seen).filter_map(vault_events::problem) {
-                        if waiting && tty {
-                            eprint!("\r\x1b[2K");
+                        let n = problems.entry(p.clone()).or_insert(0);
+                        *n += 1;
+                        if *n == 1 {
+                            if waiting && tty {
+                                eprint!("\r\x1b[2K");
+                            }
+                            eprintln!("  {p}");
+                        } else {
+                            repeated = Some((p, *n));
                         }
-                        eprintln!("  vault: {p}");
                     }
                     vault_seen = vault_seen.max(events.len());
                 }
@@ -545,7 +555,8 @@ pub(crate) async fn send(session: &str, text: &str) -> Result<ExitCode> {
                 if waiting {
                     let secs = started.elapsed().as_secs();
                     if tty {
-                        eprint!("\r\x1b[2K  {} waiting for {id}'s first event ({secs}s)", SPINNER[frame % SPINNER.len()]);
+                        let again = repeated.as_ref().map(|(p, n)| format!(" · {p} ×{n}")).unwrap_or_default();
+                        eprint!("\r\x1b[2K  {} waiting for {id}'s first event ({secs}s){again}", SPINNER[frame % SPINNER.len()]);
                         std::io::stderr().flush().ok();
                     } else if last_note.elapsed() >= Duration::from_secs(30) {
                         eprintln!("  still waiting for the agent's first event ({secs}s)");
@@ -725,9 +736,9 @@ pub(crate) async fn logs(session: &str, follow: bool, quiet_for: u64, json: bool
         for ev in parser.feed(&chunk) {
             if json {
                 let data: Value = serde_json::from_str(&ev.data).unwrap_or(Value::String(ev.data.clone()));
-                println!("{}", json!({ "event": ev.event, "data": data }));
+                out!("{}", json!({ "event": ev.event, "data": data }));
             } else {
-                println!("{}", event_line(&ev.event, &ev.data));
+                out!("{}", event_line(&ev.event, &ev.data));
             }
         }
     }

@@ -7,6 +7,19 @@
 //! [`commands`]; the pure parts are [`resolve`] (which session a name means), [`agent_spec`]
 //! (flags to request bodies), [`harness_keys`], [`vault_events`], [`when`] and [`stream`].
 
+/// `println!` for a command's output: a reader that went away (`lap sessions | head`) ends the
+/// command quietly, as `ls | head` does, instead of the panic `println!` gives on `EPIPE`.
+macro_rules! out {
+    ($($arg:tt)*) => {{
+        use std::io::Write as _;
+        if let Err(e) = writeln!(std::io::stdout().lock(), $($arg)*) {
+            if e.kind() == std::io::ErrorKind::BrokenPipe {
+                std::process::exit(0);
+            }
+        }
+    }};
+}
+
 mod agent_spec;
 mod client;
 mod commands;

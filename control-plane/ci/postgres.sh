@@ -3,6 +3,8 @@
 # /usr/lib/postgresql/<version>/bin). As root it runs the server as the `postgres` user.
 #
 #   . control-plane/ci/postgres.sh && cargo nextest run -p lap-control-plane
+#
+# `lap_pg_stop` stops the server and removes its data (`trap lap_pg_stop EXIT` in a script).
 lap_pg_bin=$(ls -d /usr/lib/postgresql/*/bin 2>/dev/null | sort -V | tail -n 1 || true)
 if [ -z "$lap_pg_bin" ] || [ ! -x "$lap_pg_bin/initdb" ]; then
   echo "control-plane/ci/postgres.sh: PostgreSQL is not installed (apt-get install postgresql)" >&2
@@ -28,3 +30,7 @@ if ! lap_pg_run "'$lap_pg_bin/initdb' -D '$lap_pg_dir/data' -A trust -U postgres
 fi
 export LAP_TEST_DATABASE_URL="postgres://postgres@127.0.0.1:$lap_pg_port/lap_test"
 echo "postgres for tests: $LAP_TEST_DATABASE_URL (data in $lap_pg_dir/data)"
+lap_pg_stop() {
+  lap_pg_run "'$lap_pg_bin/pg_ctl' -D '$lap_pg_dir/data' -m fast stop" >/dev/null 2>&1 || true
+  rm -rf "$lap_pg_dir"
+}
