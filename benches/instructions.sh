@@ -8,10 +8,15 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 proto=${1:-h1}
 case "$proto" in h1|h2) ;; *) echo "usage: $0 [h1|h2] [sidecar binary]" >&2; exit 2 ;; esac
-command -v valgrind >/dev/null || {
+# valgrind, and the nginx origin `compare` puts behind the sidecar (as benches/compare.sh installs it).
+missing=()
+command -v valgrind >/dev/null || missing+=(valgrind)
+command -v nginx >/dev/null || missing+=(nginx)
+[ -e /usr/lib/nginx/modules/ngx_http_echo_module.so ] || missing+=(libnginx-mod-http-echo)
+if [ "${#missing[@]}" -gt 0 ]; then
   sudo_=""; [ "$(id -u)" = 0 ] || sudo_=sudo
-  $sudo_ apt-get update -qq && DEBIAN_FRONTEND=noninteractive $sudo_ apt-get install -y -qq valgrind >/dev/null
-}
+  $sudo_ apt-get update -qq && DEBIAN_FRONTEND=noninteractive $sudo_ apt-get install -y -qq "${missing[@]}" >/dev/null
+fi
 cargo build --release --locked -p lap-vault-sidecar -p lap-benches --bins
 out=${CARGO_TARGET_DIR:-target}
 sidecar=$(realpath "${2:-$out/release/vault-sidecar}")
