@@ -264,20 +264,102 @@ pub struct Settings {
 
 /// Read and parse a config file; a syntax error is reported against the file.
 pub fn read_config(path: &Path) -> Result<SidecarConfig, ConfigErrors> {
-    let text =
-        std::fs::read_to_string(path).map_err(|e| one("config", format!("cannot read {}: {e}", path.display())))?;
-    parse_config(&text)
+    parse_config(&read_text(path)?)
 }
 
-/// Parse config TOML text.
+fn read_text(path: &Path) -> Result<String, ConfigErrors> {
+    std::fs::read_to_string(path).map_err(|e| one("config", format!("cannot read {}: {e}", path.display())))
+}
+
+/// Parse config TOML text: every unknown key and every value of the wrong type is named.
 pub fn parse_config(text: &str) -> Result<SidecarConfig, ConfigErrors> {
-    toml::from_str(text).map_err(|e| {
-        let key = e
-            .span()
-            .map(|s| key_at(text, s.start))
-            .unwrap_or_else(|| "config".to_owned());
-        one(&key, e.message().to_owned())
-    })
+    let (config, problems) = parse_config_lenient(text)?;
+    if problems.is_empty() {
+        Ok(config)
+    } else {
+        Err(ConfigErrors(problems))
+    }
+}
+
+/// Most problems one config may list before the rest is given up on.
+const MAX_SHAPE_PROBLEMS: usize = 64;
+
+/// Parse config TOML text, keeping going past keys that do not fit.
+///
+/// A TOML syntax error ends parsing (`Err`, with its line and column). Otherwise each unknown
+/// key or mistyped value is recorded under its path (`secrets[0].host`, `egress.alow`) and
+/// removed, and the rest is parsed again; the config returned is what remains. A problem that
+/// cannot be removed by key (a `[[secrets]]` entry missing its `stub`) is the last one listed.
+fn parse_config_lenient(text: &str) -> Result<(SidecarConfig, Vec<ConfigError>), ConfigErrors> {
+    let table: toml::Table = toml::from_str(text).map_err(|e| syntax_error(text, &e))?;
+    let mut value = toml::Value::Table(table);
+    let mut problems = Vec::new();
+    loop {
+        match serde_path_to_error::deserialize::<_, SidecarConfig>(value.clone()) {
+            Ok(config) => return Ok((config, problems)),
+            Err(e) => {
+                let key = e.path().to_string();
+                let reason = e.inner().message().to_owned();
+                let removed = remove_key(&mut value, e.path());
+                problems.push(ConfigError {
+                    key: if key == "." { "config".to_owned() } else { key },
+                    reason,
+                });
+                if !removed || problems.len() >= MAX_SHAPE_PROBLEMS {
+                    return Err(ConfigErrors(problems));
+                }
+            }
+        }
+    }
+}
+
+/// Remove the value at `path` when its last step is a table key.
+fn remove_key(value: &mut toml::Value, path: &serde_path_to_error::Path) -> bool {
+    use serde_path_to_error::Segment;
+    let segments: Vec<&Segment> = path.iter().collect();
+    let Some((Segment::Map { key: last }, parents)) = segments.split_last() else {
+        return false;
+    };
+    let mut here = value;
+    for segment in parents {
+        let next = match (segment, here) {
+            (Segment::Map { key }, toml::Value::Table(t)) => t.get_mut(key.as_str()),
+            (Segment::Seq { index }, toml::Value::Array(a)) => a.get_mut(*index),
+            _ => None,
+        };
+        let Some(next) = next else { return false };
+        here = next;
+    }
+    match here {
+        toml::Value::Table(t) => t.remove(last.as_str()).is_some(),
+        _ => false,
+    }
+}
+
+/// A TOML syntax error, at its line and column and under the key of that line.
+fn syntax_error(text: &str, e: &toml::de::Error) -> ConfigErrors {
+    match e.span() {
+        Some(span) => {
+            let (line, column) = line_column(text, span.start);
+            one(
+                &key_at(text, span.start),
+                // One line per problem: toml's messages may run over two.
+                format!(
+                    "line {line}, column {column}: {}",
+                    e.message().trim().replace('\n', "; ")
+                ),
+            )
+        }
+        None => one("config", e.message().to_owned()),
+    }
+}
+
+/// 1-based line and column (in characters) of a byte offset.
+fn line_column(text: &str, offset: usize) -> (usize, usize) {
+    let before = &text[..offset.min(text.len())];
+    let line = before.matches('\n').count() + 1;
+    let column = before.rsplit('\n').next().map_or(0, |l| l.chars().count()) + 1;
+    (line, column)
 }
 
 /// Best effort: the key named on the line where a TOML error starts.
@@ -361,6 +443,29 @@ impl Settings {
         env: &dyn Fn(&str) -> Option<String>,
     ) -> Result<Self, ConfigErrors> {
         Self::from_config_with(config, env, Vec::new())
+    }
+
+    /// Parse and validate config text, listing every problem of both steps in one run: the keys
+    /// that do not fit ([`parse_config_lenient`]) and then what the rest fails validation on.
+    /// `pushed` reads the `secrets_stdin` secrets the parsed config asks for.
+    pub fn from_text(
+        text: &str,
+        env: &dyn Fn(&str) -> Option<String>,
+        pushed: impl FnOnce(&SidecarConfig) -> Result<Vec<SecretSpec>, ConfigErrors>,
+    ) -> Result<Self, ConfigErrors> {
+        let (config, mut problems) = parse_config_lenient(text)?;
+        let stdin_secrets = pushed(&config).unwrap_or_else(|e| {
+            problems.extend(e.0);
+            Vec::new()
+        });
+        match Self::from_config_with(&config, env, stdin_secrets) {
+            Ok(settings) if problems.is_empty() => Ok(settings),
+            Ok(_) => Err(ConfigErrors(problems)),
+            Err(e) => {
+                problems.extend(e.0);
+                Err(ConfigErrors(problems))
+            }
+        }
     }
 
     /// [`Settings::from_config`] plus the secrets read from standard input (`secrets_stdin`).
@@ -955,6 +1060,47 @@ mod tests {
                 "secrets[1].hosts[0]",
             ]
         );
+    }
+
+    #[test]
+    fn every_problem_is_listed_in_one_run() {
+        let text = r#"
+            listen = "nope"
+            lisen = "127.0.0.1:1"
+            worker_threads = "two"
+            [egress]
+            alow = ["a.com"]
+            [[secrets]]
+            name = "A"
+            stub = "stub-aaaaaaaa"
+            value = "value-one-1"
+            host = ["a.com"]
+            "#;
+        let errs = Settings::from_text(text, &|_| None, |_| Ok(Vec::new())).expect_err("invalid");
+        assert_eq!(
+            keys(errs.clone()),
+            // The shape's problems come first, in key order, then validation's.
+            vec![
+                "egress.alow",
+                "lisen",
+                "secrets[0].host",
+                "worker_threads",
+                "listen",
+                "secrets[0].hosts"
+            ],
+            "{errs}"
+        );
+        assert!(errs.0[1].reason.contains("unknown field `lisen`"), "{errs}");
+        // parse_config alone stops at the shape, naming every key that does not fit.
+        assert_eq!(parse_config(text).expect_err("invalid").0.len(), 4);
+    }
+
+    #[test]
+    fn a_syntax_error_names_its_line_and_column() {
+        let errs = parse_config("listen = \"a\"\nadmin_listen = \n").expect_err("invalid");
+        assert_eq!(errs.0.len(), 1);
+        assert_eq!(errs.0[0].key, "admin_listen");
+        assert!(errs.0[0].reason.starts_with("line 2, column 16:"), "{errs}");
     }
 
     #[test]

@@ -5,7 +5,7 @@ use std::path::PathBuf;
 use std::process::ExitCode;
 
 use clap::{Parser, Subcommand};
-use lap_vault_sidecar::config::{parse_secrets_stdin, read_config, ConfigErrors, SecretSpec, Settings, SidecarConfig};
+use lap_vault_sidecar::config::{parse_secrets_stdin, ConfigErrors, SecretSpec, Settings, SidecarConfig};
 use lap_vault_sidecar::logwriter;
 use lap_vault_sidecar::Inherited;
 
@@ -21,11 +21,12 @@ static GLOBAL: tikv_jemallocator::Jemalloc = tikv_jemallocator::Jemalloc;
     about = "LAP vault sidecar: swaps credential stubs for real keys on the wire",
     after_help = "The config file's keys (all optional but inside [[secrets]]):\n  \
         listen, admin_listen, transparent_listen, admin_token_file, ca_cert_path, ca_cert_file, ca_key_file,\n  \
-        upstream_ca_files, intercept, worker_threads, secrets_file, secrets_stdin, ready_file,\n  \
+        upstream_ca_files, intercept, passthrough, body_tripwire, worker_threads, upstream_response_timeout_secs,\n  \
+        secrets_file, secrets_stdin, ready_file,\n  \
         [resolve] \"host:port\" = \"ip:port\", [egress] allow/deny/deny_local,\n  \
         [[secrets]] name, stub, value | value_env | value_file, hosts, locations.\n\
         Each is described in docs/sidecar.md, section \"Sidecar configuration\", of the LAP repository; \
-        `vault-sidecar --config FILE check` validates a file."
+        `vault-sidecar check FILE` validates a file and lists every problem in it."
 )]
 struct Cli {
     /// Config file (TOML; its keys are listed below and in docs/sidecar.md, "Sidecar configuration").
@@ -37,8 +38,11 @@ struct Cli {
 
 #[derive(Subcommand)]
 enum Command {
-    /// Validate the config: exit 0, or exit 2 printing every problem.
-    Check,
+    /// Validate the config: exit 0 printing what each secret may do, or exit 2 printing every problem.
+    Check {
+        /// The config file (default: `--config`, or VAULT_CONFIG).
+        file: Option<PathBuf>,
+    },
 }
 
 /// `secrets_stdin`: standard input read to its end, as `{"secrets":[...]}`.
@@ -68,14 +72,20 @@ fn main() -> ExitCode {
         }
     };
     let cli = Cli::parse();
-    let Some(path) = cli.config else {
+    // `Some(file)` for `check [FILE]`.
+    let checked = cli.command.map(|Command::Check { file }| file);
+    let Some(path) = checked.clone().flatten().or(cli.config) else {
         eprintln!("vault-sidecar: --config FILE (or VAULT_CONFIG) is required");
         return ExitCode::from(2);
     };
-    let settings = match read_config(&path).and_then(|c| {
-        let pushed = stdin_secrets(&c)?;
-        Settings::from_config_with(&c, &|name| std::env::var(name).ok(), pushed)
-    }) {
+    let text = match std::fs::read_to_string(&path) {
+        Ok(text) => text,
+        Err(e) => {
+            eprintln!("vault-sidecar: cannot read {}: {e}", path.display());
+            return ExitCode::from(2);
+        }
+    };
+    let settings = match Settings::from_text(&text, &|name| std::env::var(name).ok(), stdin_secrets) {
         Ok(s) => s,
         Err(errors) => {
             for e in &errors.0 {
@@ -84,7 +94,7 @@ fn main() -> ExitCode {
             return ExitCode::from(2);
         }
     };
-    if matches!(cli.command, Some(Command::Check)) {
+    if checked.is_some() {
         let n = settings.secrets.len();
         println!("{}: ok ({n} secret{})", path.display(), if n == 1 { "" } else { "s" });
         // What each secret may do: names, hosts and surfaces, never a stub or a value.

@@ -991,6 +991,27 @@ hosts = ["api.anthropic.com"]
     assert_eq!(out.status.code(), Some(2), "{text}");
     assert!(text.contains("hosts"), "{text}");
 
+    // Unknown keys at every level and a bad value: all listed in one run (`check FILE`).
+    std::fs::write(
+        &bad,
+        "intercept = \"sometimes\"\n[egress]\nalow = [\"a.com\"]\n[[secrets]]\nname = \"K\"\nstub = \"lapstub-k\"\n\
+         value = \"value-of-k\"\nhosts = [\"api.anthropic.com\"]\nhost = [\"x.com\"]\n",
+    )
+    .expect("write");
+    let out = run_sidecar_cmd(&["check", &bad.to_string_lossy()]).await;
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(2), "{stderr}");
+    let keys: Vec<&str> = stderr
+        .lines()
+        .filter_map(|l| l.strip_prefix(&format!("{}: ", bad.display())))
+        .filter_map(|l| l.split(": ").next())
+        .collect();
+    assert_eq!(keys, ["egress.alow", "secrets[0].host", "intercept"], "{stderr}");
+    assert!(
+        !stderr.contains("value-of-k") && !stderr.contains("lapstub-k"),
+        "{stderr}"
+    );
+
     // Starting with a bad config also exits 2 and never starts.
     let out = run_sidecar_cmd(&["--config", &bad.to_string_lossy()]).await;
     assert_eq!(out.status.code(), Some(2));
