@@ -182,6 +182,19 @@ impl Refusal {
         }
     }
 
+    /// Whether the request (and any real value swapped into it) may have been written toward the
+    /// upstream before this refusal: only when the upstream's answer was what failed. A block,
+    /// or a failure to resolve, connect or shake hands, means nothing left the sidecar.
+    pub(crate) fn reached_upstream(&self) -> bool {
+        matches!(
+            self,
+            Self::Failed {
+                kind: ErrorKind::UpstreamProtocol | ErrorKind::UndecodableEncoding | ErrorKind::UpstreamResponseTimeout,
+                ..
+            }
+        )
+    }
+
     /// The audit event's `error`.
     pub(crate) fn audit_error(&self) -> Option<&'static str> {
         match self {

@@ -138,7 +138,9 @@ impl RequestContext {
             .unwrap_or_else(|p| p.into_inner())
             .clone();
         let mut injected: Vec<Injected> = Vec::new();
-        for (id, loc) in &self.injections.0 {
+        // A request refused before it left carried no real value anywhere: nothing was injected.
+        let sent = !matches!(outcome, Outcome::Refused(r) if !r.reached_upstream());
+        for (id, loc) in self.injections.0.iter().filter(|_| sent) {
             m.injections
                 .get_or_create(&InjectionLabels {
                     secret: name(*id),
@@ -150,7 +152,7 @@ impl RequestContext {
                 location: loc.as_str(),
             });
         }
-        for (id, n) in body_hits.iter().enumerate().filter(|(_, n)| **n > 0) {
+        for (id, n) in body_hits.iter().enumerate().filter(|(_, n)| sent && **n > 0) {
             m.injections
                 .get_or_create(&InjectionLabels {
                     secret: name(id),

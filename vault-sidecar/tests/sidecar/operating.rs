@@ -1047,3 +1047,43 @@ async fn tunnelled_and_refused_connections_are_audited() {
     assert_eq!(denied["status"], 403, "{denied}");
     assert_eq!(denied["blocked"], "egress-policy", "{denied}");
 }
+
+/// A request whose upstream cannot be resolved never carried the real value anywhere: its
+/// audit event says `dns` and lists nothing as injected.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_request_that_never_left_injected_nothing() {
+    const STUB: &str = "lapstub-nowhere-0123456789";
+    let h = Harness::start(Alpn::Both, |c| {
+        c.secrets.push(SecretSpec::new(
+            "NOWHERE_KEY",
+            STUB,
+            "real-nowhere-value-0123456789",
+            &["nx.lap-test.invalid"],
+            &["header:x-api-key"],
+        ));
+    })
+    .await;
+    let out = h
+        .sidecar
+        .curl()
+        .args(["-H", &format!("x-api-key: {STUB}")])
+        .arg("https://nx.lap-test.invalid/v1")
+        .run()
+        .await;
+    assert_eq!(out.status, 502, "{}", out.stderr);
+    let event = lap_test_support::eventually_ok(Duration::from_secs(10), "the request audited", || async {
+        let r = h.sidecar.admin_get("/interceptions").await;
+        let events: Vec<serde_json::Value> = serde_json::from_slice(&r.body).map_err(|e| e.to_string())?;
+        events
+            .into_iter()
+            .find(|e| e["host"] == "nx.lap-test.invalid" && e["method"] == "GET")
+            .ok_or_else(|| "no event yet".to_owned())
+    })
+    .await;
+    assert_eq!(event["error"], "dns", "{event}");
+    assert_eq!(
+        event["injected"],
+        serde_json::json!([]),
+        "nothing left the sidecar: {event}"
+    );
+}
