@@ -371,3 +371,38 @@ async fn missing_agent_cli_fails_the_session_with_a_reason() {
     assert!(!server.private_dir(sid).exists());
     assert!(!server.sandbox_dir(sid).exists());
 }
+
+/// A clone that fails says why in the session's `failure_reason`: git's own error line, not
+/// only that the clone failed.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_failed_clone_names_gits_error() {
+    let tmp = tempfile::tempdir().unwrap();
+    let path = support::fake_cli::path_with_fake_claude(tmp.path());
+    let server = LapServer::start(&tmp.path().join("data"), &[("PATH", path)]).await;
+    let (s, agent) = server
+        .call(
+            "POST",
+            &format!("{A}/agents"),
+            Some(json!({"name": "noclone", "harness_id": "claude-code",
+                        "repo_url": "https://git.nowhere.invalid/r.git"})),
+        )
+        .await;
+    assert_eq!(s, 201, "{agent}");
+    let aid = agent["id"].as_str().unwrap();
+    let (s, session) = server.call("POST", &format!("{A}/agents/{aid}/session"), None).await;
+    assert_eq!(s, 201, "{session}");
+    let sid = session["id"].as_str().unwrap();
+    let v = server.wait_settled(sid, Duration::from_secs(60)).await;
+    assert_eq!(v["status"], "failed", "{v}");
+    let reason = v["failure_reason"].as_str().unwrap();
+    assert!(
+        reason.contains("git clone https://git.nowhere.invalid/r.git failed: ") && reason.contains("unable to access"),
+        "git's error, on the one line: {reason}"
+    );
+    assert!(!reason.contains("Cloning into"), "{reason}");
+    assert!(
+        reason.contains("(the vault's last refusal: GET git.nowhere.invalid/r.git/info/refs")
+            && reason.contains("dns)"),
+        "and the cause the vault saw: {reason}"
+    );
+}

@@ -31,10 +31,17 @@ impl Phase {
 #[error("{0}")]
 pub struct BringUpError(pub String);
 
+/// The last lines of a tool's stderr on one line (`a; b`), so the whole cause reaches the
+/// session's `failure_reason` (which the control plane reads from the `fatal:` line); git's
+/// progress lines (`Cloning into '.'...`) are left out.
 fn stderr_tail(bytes: &[u8]) -> String {
     let text = String::from_utf8_lossy(bytes);
-    let lines: Vec<&str> = text.lines().filter(|l| !l.trim().is_empty()).collect();
-    lines[lines.len().saturating_sub(5)..].join("\n")
+    let lines: Vec<&str> = text
+        .lines()
+        .map(str::trim)
+        .filter(|l| !l.is_empty() && !l.starts_with("Cloning into "))
+        .collect();
+    lines[lines.len().saturating_sub(5)..].join("; ")
 }
 
 /// The credential helper git runs for the clone: it answers with the token from the
@@ -199,6 +206,18 @@ mod tests {
         let v = claude_state(Some(serde_json::json!([1])), None, "/w");
         assert_eq!(v["theme"], "dark");
         assert!(v.get("customApiKeyResponses").is_none());
+    }
+
+    #[test]
+    fn a_tools_error_tail_is_one_line_without_progress() {
+        let stderr =
+            b"Cloning into '.'...\n\nfatal: unable to access 'https://x/r.git/': CONNECT tunnel failed, response 502\n";
+        assert_eq!(
+            stderr_tail(stderr),
+            "fatal: unable to access 'https://x/r.git/': CONNECT tunnel failed, response 502"
+        );
+        let many: String = (1..=7).map(|i| format!("line {i}\n")).collect();
+        assert_eq!(stderr_tail(many.as_bytes()), "line 3; line 4; line 5; line 6; line 7");
     }
 
     #[test]

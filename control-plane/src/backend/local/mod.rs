@@ -211,6 +211,26 @@ fn harness_failure(path: &Path, ended: &str) -> String {
     )
 }
 
+/// The last request the vault refused, from the audit lines of its log (`GET
+/// git.example.com/r.git/info/refs → 502 dns`); never a value: audit events hold none.
+fn last_vault_refusal(sidecar_log: &Path) -> Option<String> {
+    let text = std::fs::read_to_string(sidecar_log).ok()?;
+    text.lines().rev().find_map(|line| {
+        let v: serde_json::Value = serde_json::from_str(line).ok()?;
+        if v["target"] != "audit" {
+            return None;
+        }
+        let kind = v["error"].as_str().or_else(|| v["blocked"].as_str())?;
+        Some(format!(
+            "{} {}{} → {} {kind}",
+            v["method"].as_str().unwrap_or(""),
+            v["host"].as_str().unwrap_or(""),
+            v["path"].as_str().unwrap_or(""),
+            v["status"]
+        ))
+    })
+}
+
 /// `bwrap` on `PATH`.
 fn find_bwrap() -> Option<PathBuf> {
     std::env::split_paths(&std::env::var_os("PATH")?)
@@ -780,10 +800,13 @@ impl LocalBackend {
         {
             Ok(()) => {}
             Err("exited") => {
-                return Err(failed(harness_failure(
-                    &d.private.join("harness.log"),
-                    &self.how_it_ended(&harness),
-                )))
+                let reason = harness_failure(&d.private.join("harness.log"), &self.how_it_ended(&harness));
+                // What the harness saw fail (a clone's `error: 502`) often has its cause in the
+                // vault: the refusal it answered last.
+                return Err(failed(match last_vault_refusal(&d.private.join("sidecar.log")) {
+                    Some(refusal) => format!("{reason} (the vault's last refusal: {refusal})"),
+                    None => reason,
+                }));
             }
             Err(why) => {
                 return Err(failed(format!(
@@ -1175,6 +1198,33 @@ mod tests {
         assert_eq!(c3.intercept.as_deref(), Some("bound-hosts"));
         let text = toml::to_string(&c).unwrap();
         assert_eq!(lap_vault_config::parse_config(&text).unwrap(), c);
+    }
+
+    #[test]
+    fn the_vaults_last_refusal_is_read_from_its_audit_lines() {
+        let dir = tempfile::tempdir().unwrap();
+        let p = dir.path().join("sidecar.log");
+        std::fs::write(
+            &p,
+            concat!(
+                r#"{"level":"INFO","target":"audit","method":"GET","host":"a.example","path":"/x","status":403,"blocked":"egress-policy"}"#,
+                "\n",
+                r#"{"level":"INFO","target":"audit","method":"GET","host":"git.example","path":"/r.git/info/refs","status":502,"error":"dns"}"#,
+                "\n",
+                r#"{"level":"INFO","target":"audit","method":"GET","host":"ok.example","path":"/","status":200,"error":null,"blocked":null}"#,
+                "\n",
+                r#"{"level":"INFO","target":"vault_sidecar","message":"listening"}"#,
+                "\nnot json\n"
+            ),
+        )
+        .unwrap();
+        assert_eq!(
+            last_vault_refusal(&p).as_deref(),
+            Some("GET git.example/r.git/info/refs → 502 dns")
+        );
+        std::fs::write(&p, "").unwrap();
+        assert_eq!(last_vault_refusal(&p), None);
+        assert_eq!(last_vault_refusal(&dir.path().join("absent")), None);
     }
 
     #[test]
