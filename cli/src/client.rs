@@ -12,10 +12,14 @@ const BASE: &str = "/api/v1/managed_agents";
 pub(crate) enum ClientError {
     #[error("the LAP server at {url} is unreachable ({cause}): is `lap-server` running there? (`lap login --url URL` or LAP_URL points lap at another)")]
     Unreachable { url: String, cause: String },
-    #[error("the server refused the key (401: {message}): run `lap login`, or set MASTER_KEY")]
+    #[error("the server refused the key ({message}): run `lap login`, or set MASTER_KEY (a local `lap-server` keeps its key in .lap/master_key)")]
     Unauthorized { message: String },
-    #[error("{status}: {message}")]
+    /// The server's own error (`{"error": …}`); 5xx say the server failed.
+    #[error("{}{message}", if *status >= 500 { format!("the server failed ({status}): ") } else { String::new() })]
     Api { status: u16, message: String },
+    /// An answer without LAP's `{"error": …}` body: the URL is not a LAP server's.
+    #[error("{url} answered {status} without a LAP error body: is it a `lap-server`? (`lap login --url URL` or LAP_URL points lap at another)")]
+    NotLap { url: String, status: String },
     #[error("the server sent an unreadable answer: {0}")]
     Decode(String),
     #[error("{0}")]
@@ -35,6 +39,64 @@ pub(crate) fn cli_words(message: &str) -> String {
     PHRASES
         .iter()
         .fold(message.to_owned(), |m, (api, cli)| m.replace(api, cli))
+}
+
+/// An API field and the `lap` flag that sets it, for [`ClientError::in_flags`].
+pub(crate) type FieldFlags = &'static [(&'static str, &'static str)];
+
+/// `lap agents create|edit`'s flags for the agent fields.
+pub(crate) const AGENT_FLAGS: FieldFlags = &[
+    ("harness_id", "--harness"),
+    ("model", "--model"),
+    ("repo_url", "--repo"),
+    ("branch", "--branch"),
+    ("prompt", "--prompt"),
+    ("secrets", "--secret"),
+    ("allow_out", "--allow-out"),
+    ("deny_out", "--deny-out"),
+    ("env_vars", "--env"),
+    ("env_var_hosts", "--env-host"),
+];
+
+/// `lap secrets set`'s flags for the secret fields.
+pub(crate) const SECRET_FLAGS: FieldFlags = &[("hosts", "--host"), ("locations", "--location"), ("value", "the value")];
+
+/// `lap <agent>`'s flags for the session fields.
+pub(crate) const SESSION_FLAGS: FieldFlags = &[("env_vars", "-e"), ("env_var_hosts", "-e")];
+
+/// A message that starts with an API field (`allow_out[1]: …`, `harness_id: …`) in `lap`'s
+/// words: the flag, and which of its repeats (`--allow-out #2: …`).
+fn flag_words(message: &str, flags: FieldFlags) -> String {
+    for (field, flag) in flags {
+        let Some(rest) = message.strip_prefix(field) else {
+            continue;
+        };
+        if let Some(rest) = rest.strip_prefix('[') {
+            if let Some((index, rest)) = rest.split_once(']') {
+                if let Ok(i) = index.parse::<usize>() {
+                    return format!("{flag} #{}{rest}", i + 1);
+                }
+            }
+        } else if let Some(key) = rest.strip_prefix('.') {
+            return format!("{flag} {key}");
+        } else if rest.starts_with(':') {
+            return format!("{flag}{rest}");
+        }
+    }
+    message.to_owned()
+}
+
+impl ClientError {
+    /// The server's message with its leading API field named as the flag that set it.
+    pub(crate) fn in_flags(self, flags: FieldFlags) -> Self {
+        match self {
+            Self::Api { status, message } => Self::Api {
+                status,
+                message: flag_words(&message, flags),
+            },
+            e => e,
+        }
+    }
 }
 
 /// The innermost cause of an error (`Connection refused`), which says what happened; the
@@ -84,12 +146,18 @@ impl Client {
         if r.status().is_success() {
             return Ok(r);
         }
-        let status = r.status().as_u16();
+        let status = r.status();
         let text = r.text().await.unwrap_or_default();
-        let message = serde_json::from_str::<Value>(&text)
+        let Some(message) = serde_json::from_str::<Value>(&text)
             .ok()
             .and_then(|v| v.get("error").and_then(|e| e.as_str()).map(str::to_owned))
-            .unwrap_or(text);
+        else {
+            return Err(ClientError::NotLap {
+                url: self.creds.url.clone(),
+                status: status.to_string(),
+            });
+        };
+        let status = status.as_u16();
         let message = cli_words(&message);
         if status == 401 {
             return Err(ClientError::Unauthorized { message });
@@ -273,5 +341,36 @@ mod tests {
             "{m}"
         );
         assert_eq!(cli_words("other"), "other");
+    }
+
+    #[test]
+    fn api_fields_become_flags() {
+        assert_eq!(
+            flag_words("harness_id: must be one of claude-code, codex", AGENT_FLAGS),
+            "--harness: must be one of claude-code, codex"
+        );
+        assert_eq!(
+            flag_words("allow_out[1]: `a b` is not a host pattern", AGENT_FLAGS),
+            "--allow-out #2: `a b` is not a host pattern"
+        );
+        assert_eq!(flag_words("env_vars.FOO: reserved", AGENT_FLAGS), "--env FOO: reserved");
+        assert_eq!(flag_words("hosts[0]: empty", SECRET_FLAGS), "--host #1: empty");
+        // A field name that only starts the same way, or a message without a field, is kept.
+        assert_eq!(flag_words("models: x", AGENT_FLAGS), "models: x");
+        assert_eq!(flag_words("no such agent", AGENT_FLAGS), "no such agent");
+    }
+
+    #[test]
+    fn errors_read_as_lap_words() {
+        let e = ClientError::Api {
+            status: 400,
+            message: "allow_out[0]: bad".into(),
+        };
+        assert_eq!(e.in_flags(AGENT_FLAGS).to_string(), "--allow-out #1: bad");
+        let e = ClientError::Api {
+            status: 503,
+            message: "store unavailable".into(),
+        };
+        assert_eq!(e.to_string(), "the server failed (503): store unavailable");
     }
 }

@@ -10,7 +10,7 @@ use futures_util::StreamExt;
 use serde_json::{json, Value};
 
 use crate::agent_spec::{self, AgentFlags, Edit};
-use crate::client::{Client, ClientError};
+use crate::client::{Client, ClientError, AGENT_FLAGS, SECRET_FLAGS, SESSION_FLAGS};
 use crate::config::{self, Saved};
 use crate::stream::agent_text;
 use crate::terminal::{self, End};
@@ -115,7 +115,8 @@ pub(crate) async fn login(url: Option<String>) -> Result<ExitCode> {
         Ok(()) => {}
         Err(ClientError::Unauthorized { message }) => {
             bail!(
-                "the server at {} refused the key (401: {message}); nothing saved",
+                "the server at {} refused the key ({message}); nothing saved. A local `lap-server` \
+                 prints its key at start and keeps it in .lap/master_key where it runs",
                 creds.url
             )
         }
@@ -209,7 +210,7 @@ pub(crate) async fn agents_create(name: &str, flags: &AgentFlags, json: bool) ->
         Err(ClientError::Api { status: 409, .. }) => {
             bail!("an agent named `{name}` already exists: `lap agents edit {name} …` changes it")
         }
-        r => r?,
+        r => r.map_err(|e| e.in_flags(AGENT_FLAGS))?,
     };
     if json {
         print_json(&a)?;
@@ -224,7 +225,10 @@ pub(crate) async fn agents_edit(agent: &str, flags: &AgentFlags, edit: &Edit, js
     let c = client()?;
     let current = c.agent(agent).await?;
     let body = agent_spec::patch_body(&current, flags, edit, from_env)?;
-    let a = c.patch_agent(str_of(&current, "id"), &body).await?;
+    let a = c
+        .patch_agent(str_of(&current, "id"), &body)
+        .await
+        .map_err(|e| e.in_flags(AGENT_FLAGS))?;
     if json {
         print_json(&a)?;
     } else {
@@ -323,6 +327,15 @@ async fn find_session(c: &Client, query: &str) -> Result<Value> {
     Ok(resolve::session(query, &sessions, &agents)?.clone())
 }
 
+/// How the phase just left ended, judged by the state it left into: still `creating` or
+/// `ready` is done (✓); `failed` or `dead` means it is where bring-up stopped (✗).
+fn phase_mark(next: &Value) -> &'static str {
+    match next["status"].as_str() {
+        Some("creating" | "ready") => "✓",
+        _ => "✗",
+    }
+}
+
 /// Follow a session's bring-up until it leaves `creating`: one line per phase (from the
 /// session's `/events`, so none is missed), with a spinner on a terminal. Returns the session.
 async fn wait_ready(c: &Client, id: &str) -> Result<Value> {
@@ -347,7 +360,7 @@ async fn wait_ready(c: &Client, id: &str) -> Result<Value> {
                                 if tty {
                                     eprint!("\r\x1b[2K");
                                 }
-                                eprintln!("  ✓ {prev} ({:.1}s)", phase_started.elapsed().as_secs_f64());
+                                eprintln!("  {} {prev} ({:.1}s)", phase_mark(&s), phase_started.elapsed().as_secs_f64());
                             }
                             if s["status"] == "creating" {
                                 shown = Some(phase);
@@ -387,7 +400,11 @@ async fn wait_ready(c: &Client, id: &str) -> Result<Value> {
                 // The last phase ends with the session's bring-up, whether or not the final state
                 // names another phase.
                 if let Some(prev) = shown.take() {
-                    eprintln!("  ✓ {prev} ({:.1}s)", phase_started.elapsed().as_secs_f64());
+                    eprintln!(
+                        "  {} {prev} ({:.1}s)",
+                        phase_mark(&s),
+                        phase_started.elapsed().as_secs_f64()
+                    );
                 }
                 return Ok(s);
             }
@@ -466,7 +483,10 @@ pub(crate) async fn run(args: RunArgs) -> Result<ExitCode> {
     if let Some(t) = &args.title {
         body["title"] = t.clone().into();
     }
-    let s = c.create_session(str_of(&agent, "id"), body).await?;
+    let s = c
+        .create_session(str_of(&agent, "id"), body)
+        .await
+        .map_err(|e| e.in_flags(SESSION_FLAGS))?;
     let id = str_of(&s, "id").to_owned();
     eprintln!(
         "Starting {} ({}) as session {id}",
@@ -626,9 +646,14 @@ pub(crate) async fn stop(session: &str, json: bool) -> Result<ExitCode> {
     let c = client()?;
     let s = find_session(&c, session).await?;
     let id = str_of(&s, "id");
+    // Stopping a stopped session is not an error (the API's DELETE is idempotent), but saying
+    // "Stopped" would claim this call did it.
+    let was = str_of(&s, "status").to_owned();
     let s = c.stop_session(id).await?;
     if json {
         print_json(&s)?;
+    } else if was == "dead" || was == "failed" {
+        eprintln!("{id} was already {was}; nothing to stop.");
     } else {
         eprintln!("Stopped {} (status {}).", str_of(&s, "id"), str_of(&s, "status"));
     }
@@ -688,6 +713,12 @@ pub(crate) async fn audit(session: &str, json: bool) -> Result<ExitCode> {
     Ok(ExitCode::SUCCESS)
 }
 
+/// A `session` event whose status is terminal (`dead`, `failed`).
+fn ends_the_log(event: &str, data: &str) -> bool {
+    event == "session"
+        && serde_json::from_str::<Value>(data).is_ok_and(|v| v["status"] == "dead" || v["status"] == "failed")
+}
+
 /// One event of a session's `/events` as a line: `session` changes as status and phase, agent
 /// events as their text when they have one, else their JSON.
 fn event_line(event: &str, data: &str) -> String {
@@ -739,6 +770,10 @@ pub(crate) async fn logs(session: &str, follow: bool, quiet_for: u64, json: bool
                 out!("{}", json!({ "event": ev.event, "data": data }));
             } else {
                 out!("{}", event_line(&ev.event, &ev.data));
+            }
+            // A dead or failed session has nothing more to say (`-f` included).
+            if ends_the_log(&ev.event, &ev.data) {
+                return Ok(ExitCode::SUCCESS);
             }
         }
     }
@@ -792,7 +827,10 @@ pub(crate) async fn secrets_set(name: &str, hosts: &[String], locations: &[Strin
     if value.is_empty() {
         bail!("no value on stdin: `printf %s \"$VALUE\" | lap secrets set {name} --host …`");
     }
-    let s = c.put_secret(name, &value, hosts, locations).await?;
+    let s = c
+        .put_secret(name, &value, hosts, locations)
+        .await
+        .map_err(|e| e.in_flags(SECRET_FLAGS))?;
     eprintln!(
         "Secret {} set (hosts: {}).",
         str_of(&s, "name"),
@@ -818,6 +856,22 @@ mod tests {
         assert!(!already_shown("the harness is gone", &shown));
         assert!(!already_shown("", &shown));
         assert!(!already_shown("x", &[]));
+    }
+
+    #[test]
+    fn the_phase_bring_up_stopped_in_is_crossed() {
+        assert_eq!(phase_mark(&json!({"status": "creating"})), "✓");
+        assert_eq!(phase_mark(&json!({"status": "ready"})), "✓");
+        assert_eq!(phase_mark(&json!({"status": "failed"})), "✗");
+        assert_eq!(phase_mark(&json!({"status": "dead"})), "✗");
+    }
+
+    #[test]
+    fn a_terminal_session_event_ends_the_log() {
+        assert!(ends_the_log("session", r#"{"id":"s","status":"dead"}"#));
+        assert!(ends_the_log("session", r#"{"id":"s","status":"failed"}"#));
+        assert!(!ends_the_log("session", r#"{"id":"s","status":"ready"}"#));
+        assert!(!ends_the_log("agent", r#"{"status":"dead"}"#));
     }
 
     #[test]

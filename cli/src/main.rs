@@ -107,7 +107,8 @@ enum Command {
     Logs {
         /// A session id, a unique start of one, or an agent's name.
         session: String,
-        /// Keep following (until Ctrl-C) instead of stopping once nothing arrives for --quiet-for.
+        /// Keep following (until Ctrl-C, or the session is dead or failed) instead of stopping once
+        /// nothing arrives for --quiet-for.
         #[arg(short, long)]
         follow: bool,
         /// Without --follow, stop after this many seconds without an event.

@@ -441,6 +441,12 @@ async fn lap_works_with_sessions_by_agent_name_and_id_prefix() {
     assert!(o.err.contains(&id) && o.err.contains("dead"), "{o:?}");
     let (_, s) = server.call("GET", &format!("{A}/sessions/{id}"), None).await;
     assert_eq!(s["status"], "dead", "{s}");
+    // Stopping it again says so, rather than claiming to have stopped it.
+    let o = lap.ok(&["stop", &id], "");
+    assert!(o.err.contains("already dead") && !o.err.contains("Stopped"), "{o:?}");
+    // `logs --follow` of a dead session ends (run kills a hung lap after 60 s: exit None).
+    let o = lap.ok(&["logs", &id, "--follow"], "");
+    assert!(line_with(&o.out, &id).contains("dead"), "{o:?}");
     let o = lap.fails(&["attach", "coder"]);
     assert!(o.err.contains("dead"), "the newest session of coder is stopped: {o:?}");
 }
@@ -479,7 +485,48 @@ async fn errors_and_help_speak_the_users_language() {
         "",
     );
     assert!(
-        o.err.contains("refused the key") && o.err.contains("lap login"),
+        o.err.contains("refused the key") && o.err.contains("lap login") && o.err.contains(".lap/master_key"),
+        "{o:?}"
+    );
+    assert!(!o.err.contains("401:"), "no bare status code: {o:?}");
+    let as_server = |args: &[&str]| {
+        run(
+            &lap,
+            args,
+            &[
+                ("LAP_URL", &server.url),
+                ("MASTER_KEY", &server.key),
+                ("LAP_CONFIG", &config),
+            ],
+            "",
+        )
+    };
+    // The server's field names become the flags that set them, without status codes.
+    let o = as_server(&["agents", "create", "x", "--harness", "nope"]);
+    assert_eq!(o.code, Some(1), "{o:?}");
+    assert!(o.err.contains("--harness: must be one of"), "{o:?}");
+    assert!(!o.err.contains("harness_id") && !o.err.contains("400"), "{o:?}");
+    let o = as_server(&["agents", "create", "x", "--harness", "codex", "--allow-out", "ex ample"]);
+    assert_eq!(o.code, Some(1), "{o:?}");
+    assert!(o.err.contains("--allow-out #1: "), "{o:?}");
+    assert!(!o.err.contains("allow_out"), "{o:?}");
+    // A URL that is not a LAP server's: said so, not a bare 404.
+    let not_lap = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let not_lap_url = format!("http://{}", not_lap.local_addr().unwrap());
+    tokio::spawn(async move {
+        use tokio::io::{AsyncReadExt, AsyncWriteExt};
+        while let Ok((mut conn, _)) = not_lap.accept().await {
+            let mut buf = [0u8; 4096];
+            let _ = conn.read(&mut buf).await;
+            let _ = conn
+                .write_all(b"HTTP/1.1 404 Not Found\r\ncontent-type: text/html\r\ncontent-length: 9\r\nconnection: close\r\n\r\nnot found")
+                .await;
+        }
+    });
+    let o = run(&lap, &["agents"], &[("LAP_URL", &not_lap_url), ("MASTER_KEY", "k")], "");
+    assert_eq!(o.code, Some(1), "{o:?}");
+    assert!(
+        o.err.contains("404 Not Found") && o.err.contains("is it a `lap-server`"),
         "{o:?}"
     );
 
