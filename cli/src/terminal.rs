@@ -114,6 +114,26 @@ fn term_size() -> Option<(u16, u16)> {
     crossterm::terminal::size().ok().filter(|(c, r)| *c > 0 && *r > 0)
 }
 
+/// Whether the agent has painted anything yet: its output so far, read as a terminal would,
+/// holds a visible character. The attach's first bytes are the harness's repaint of the screen,
+/// which for an agent still starting is escape codes on a blank screen.
+struct FirstPaint(vt100::Parser);
+
+impl FirstPaint {
+    fn new(size: Option<(u16, u16)>) -> Self {
+        use std::num::NonZeroU16;
+        let (cols, rows) = size.unwrap_or((80, 24));
+        let nz = |n: u16| NonZeroU16::new(n).unwrap_or(NonZeroU16::MIN);
+        Self(vt100::Parser::new(nz(rows), nz(cols), 0))
+    }
+
+    /// Feed the agent's bytes; true once the screen shows something.
+    fn painted(&mut self, bytes: &[u8]) -> bool {
+        self.0.process(bytes);
+        !self.0.screen().contents().trim().is_empty()
+    }
+}
+
 /// The line shown until the agent's first bytes (raw mode: `\r`, cleared first).
 fn starting_line(elapsed: Duration) -> String {
     format!(
@@ -230,13 +250,14 @@ pub(crate) async fn attach(url_base: &str, tty_path: &str, token: &str) -> Resul
     // rather than show a blank screen.
     let starting = std::time::Instant::now();
     let mut waiting = std::io::IsTerminal::is_terminal(&std::io::stdout());
+    let mut first_paint = FirstPaint::new(size);
     let mut tick = tokio::time::interval(Duration::from_millis(250));
 
     let end = loop {
         tokio::select! {
             m = rx.next() => match m {
                 Some(Ok(Message::Binary(b))) => {
-                    if waiting {
+                    if waiting && first_paint.painted(&b) {
                         waiting = false;
                         let _ = stdout.write_all(b"\r\x1b[2K").await;
                     }
@@ -290,6 +311,15 @@ pub(crate) async fn attach(url_base: &str, tty_path: &str, token: &str) -> Resul
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_repaint_of_a_blank_screen_is_not_the_agent_painting() {
+        let mut p = FirstPaint::new(Some((80, 24)));
+        // What the harness sends first for an agent still starting: modes, a clear, the cursor.
+        assert!(!p.painted(b"\x1b[?1049h\x1b[H\x1b[2J\x1b[?25h\x1b[1;1H"));
+        assert!(!p.painted(b"\r\n  \t"));
+        assert!(p.painted(b"\x1b[1mWelcome to Claude Code\x1b[0m"));
+    }
 
     #[test]
     fn ctrl_d_detaches_after_sending_what_came_before() {

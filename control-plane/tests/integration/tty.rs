@@ -841,3 +841,59 @@ async fn lap_restores_the_terminal_when_the_session_goes_away() {
         "raw mode left on:\n{screen}"
     );
 }
+
+/// A TUI that takes seconds to paint (here a stand-in CLI that clears the screen, then sleeps
+/// before its first text, as a cold `claude` does): `lap` says the agent is starting instead of
+/// showing the harness's repaint of a blank screen, and the line goes once the agent paints.
+#[tokio::test(flavor = "multi_thread")]
+async fn lap_says_the_agent_is_starting_until_it_paints() {
+    assert!(
+        on_path("tmux"),
+        "`tmux` is not on PATH: this test drives `lap` in it (bash .ci/run installs it)"
+    );
+    const SLOW_TUI: &str = "#!/bin/sh\nprintf '\\033[?1049h\\033[H\\033[2J'\nsleep 4\necho slow-tui-painted\nPS1='lap$ ' exec /bin/sh -i\n";
+    let tmp = tempfile::tempdir().unwrap();
+    let bin = tmp.path().join("fake-bin");
+    write_script(&bin, "claude", SLOW_TUI);
+    let server = LapServer::start(&tmp.path().join("data"), &[("PATH", path_with(&bin))]).await;
+    let (s, _) = server
+        .call(
+            "POST",
+            &format!("{A}/agents"),
+            Some(json!({"name": "slow", "harness_id": "claude-code"})),
+        )
+        .await;
+    assert_eq!(s, 201);
+    let tmux = Tmux {
+        socket: format!("lap-test-slow-{}", std::process::id()),
+    };
+    let env = [
+        ("LAP_URL", server.url.clone()),
+        ("MASTER_KEY", server.key.clone()),
+        ("HOME", tmp.path().display().to_string()),
+    ];
+    tmux.start(
+        "t",
+        &format!("{} slow; echo LAP-EXIT=$?; sleep 600", workspace_bin("lap").display()),
+        &env,
+    );
+    let screen = tmux
+        .wait("t", "the starting line", Duration::from_secs(60), |s| {
+            s.contains("The agent is starting") || s.contains("slow-tui-painted") || s.contains("LAP-EXIT")
+        })
+        .await;
+    assert!(
+        screen.contains("The agent is starting") && screen.contains("Ctrl-D detaches"),
+        "a blank screen before the agent's first text:\n{screen}"
+    );
+    let screen = tmux
+        .wait("t", "the agent's first text", Duration::from_secs(30), |s| {
+            s.contains("slow-tui-painted") || s.contains("LAP-EXIT")
+        })
+        .await;
+    assert!(!screen.contains("LAP-EXIT"), "{screen}");
+    assert!(
+        !screen.contains("The agent is starting"),
+        "the line is gone once the agent paints:\n{screen}"
+    );
+}
