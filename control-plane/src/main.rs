@@ -44,8 +44,10 @@ async fn main() -> ExitCode {
         }
     };
     tokio::spawn(reconciler::run(srv.app.clone(), settings.reconcile_interval));
-    tracing::info!(listen = %settings.listen, "lap-server listening");
-    eprintln!("lap-server listening on http://{}", settings.listen);
+    // The address bound: with port 0 (LAP_LISTEN=127.0.0.1:0) the one the kernel chose.
+    let bound = listener.local_addr().unwrap_or(settings.listen);
+    tracing::info!(listen = %bound, "lap-server listening");
+    eprintln!("lap-server listening on http://{bound}");
     // Ctrl-C / SIGTERM: stop accepting, let requests finish, but never wait more than 5 s on
     // long-lived streams (SSE). Sandboxes keep running; the next start adopts them.
     let (stop_tx, stop_rx) = tokio::sync::watch::channel(false);
