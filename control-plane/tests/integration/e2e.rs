@@ -406,3 +406,51 @@ async fn a_failed_clone_names_gits_error() {
         "and the cause the vault saw: {reason}"
     );
 }
+
+/// The README's offline demo, as a newcomer runs it: `examples/offline-demo.sh` with the built
+/// binaries and the real `claude` on PATH brings up its own lap-server and model stand-in, and
+/// the agent answers and runs a command through the vault, with a key it never held.
+#[tokio::test(flavor = "multi_thread")]
+async fn the_offline_demo_answers_and_runs_a_command_through_the_vault() {
+    assert!(
+        on_path("claude"),
+        "the `claude` CLI is not on PATH: npm install -g @anthropic-ai/claude-code (.ci/run does)"
+    );
+    let tmp = tempfile::tempdir().unwrap();
+    let bins = support::server::workspace_bin("lap-server");
+    let bins = bins.parent().unwrap();
+    for b in ["lap", "vault-sidecar", "lap-harness"] {
+        support::server::workspace_bin(b);
+    }
+    let script = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../examples/offline-demo.sh");
+    let path = format!("{}:{}", bins.display(), std::env::var("PATH").unwrap_or_default());
+    let run = tokio::process::Command::new("bash")
+        .arg(&script)
+        .env("PATH", path)
+        .env("DEMO_DIR", tmp.path().join("demo"))
+        .env_remove("LAP_URL")
+        .env_remove("MASTER_KEY")
+        .kill_on_drop(true)
+        .output();
+    let out = tokio::time::timeout(Duration::from_secs(240), run)
+        .await
+        .expect("the demo ends within 4 minutes")
+        .unwrap();
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    let all = format!("{stdout}\n--- stderr\n{}", String::from_utf8_lossy(&out.stderr));
+    assert!(out.status.success(), "{all}");
+    assert!(
+        stdout.contains("Hello from the offline model stand-in. You said: Say hello"),
+        "{all}"
+    );
+    assert!(
+        stdout.contains("Tool result: the sandbox runs Linux as uid 10001 in /home/agent/workspace"),
+        "the command ran in the sandbox: {all}"
+    );
+    assert!(stdout.contains("injected ANTHROPIC_API_KEY (header)"), "{all}");
+    // The stand-in answered only the real key, and the agent got answers: the vault swapped it.
+    assert!(
+        stdout.contains("POST /v1/messages → 200 with the real key") && !stdout.contains("→ 401"),
+        "{all}"
+    );
+}
