@@ -4,7 +4,8 @@
 //! - [`api`], [`console`]: the REST API and the web console at the HTTP level (the router with
 //!   `tower::ServiceExt::oneshot`, a real SQLite or Postgres store).
 //! - [`console_browser`]: the web console in headless Chromium against a real `lap-server`.
-//! - [`startup`], [`lap_cli`]: `lap-server` and `lap` as a newcomer runs them.
+//! - [`startup`], [`lap_cli`], [`readme`]: `lap-server`, `lap` and the README's blocks as a newcomer
+//!   runs them.
 //! - [`e2e`], [`tty`], [`tool_use`]: real `lap-server`, `vault-sidecar` and `lap-harness`
 //!   processes with the real agent CLIs against local stand-ins for the model APIs.
 //! - [`lifecycle`], [`faults`]: sessions over their lifetime and under the platform cases.
@@ -34,6 +35,7 @@ mod kubernetes_live;
 mod lap_cli;
 mod lifecycle;
 mod netfilter;
+mod readme;
 mod replicas;
 mod sandbox;
 mod schemas;
