@@ -295,6 +295,15 @@ impl Client {
         Ok(v.as_array().cloned().unwrap_or_default())
     }
 
+    /// `GET /sessions/{id}/logs?source=…&tail=…`: `{"lines": […]}`.
+    pub(crate) async fn logs(&self, id: &str, source: &str, tail: u32) -> Result<Value, ClientError> {
+        self.json(self.request(
+            reqwest::Method::GET,
+            &format!("{BASE}/sessions/{id}/logs?source={source}&tail={tail}"),
+        ))
+        .await
+    }
+
     /// `GET /api/v1/secrets` (values read back redacted).
     pub(crate) async fn secrets(&self) -> Result<Vec<Value>, ClientError> {
         self.all("/api/v1/secrets").await

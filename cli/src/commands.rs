@@ -779,6 +779,25 @@ pub(crate) async fn logs(session: &str, follow: bool, quiet_for: u64, json: bool
     }
 }
 
+/// `lap logs SESSION --harness|--vault`: the last lines of that log, as the server keeps it.
+pub(crate) async fn log_file(session: &str, source: &str, tail: u32, json: bool) -> Result<ExitCode> {
+    let c = client()?;
+    let s = find_session(&c, session).await?;
+    let v = c.logs(str_of(&s, "id"), source, tail).await?;
+    if json {
+        print_json(&v)?;
+        return Ok(ExitCode::SUCCESS);
+    }
+    let lines = v["lines"].as_array().cloned().unwrap_or_default();
+    if lines.is_empty() {
+        eprintln!("{}'s {source} log is empty (or not kept any more).", str_of(&s, "id"));
+    }
+    for l in lines {
+        out!("{}", l.as_str().unwrap_or_default());
+    }
+    Ok(ExitCode::SUCCESS)
+}
+
 pub(crate) async fn secrets_list(json: bool) -> Result<ExitCode> {
     let secrets = client()?.secrets().await?;
     if json {

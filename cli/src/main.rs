@@ -114,6 +114,15 @@ enum Command {
         /// Without --follow, stop after this many seconds without an event.
         #[arg(long, default_value_t = 2)]
         quiet_for: u64,
+        /// Print the last lines of the harness's own log (lap-harness and the agent CLI) instead.
+        #[arg(long, conflicts_with_all = ["vault", "follow"])]
+        harness: bool,
+        /// Print the last lines of the vault sidecar's log (JSON lines; audit events, never a value) instead.
+        #[arg(long, conflicts_with = "follow")]
+        vault: bool,
+        /// With --harness or --vault: how many lines.
+        #[arg(long, default_value_t = 200)]
+        tail: u32,
     },
     /// The secrets registry: list, set (value from stdin) or remove.
     #[command(subcommand)]
@@ -247,7 +256,14 @@ fn main() -> ExitCode {
                 session,
                 follow,
                 quiet_for,
-            } => commands::logs(&session, follow, quiet_for, json).await,
+                harness,
+                vault,
+                tail,
+            } => match (harness, vault) {
+                (true, _) => commands::log_file(&session, "harness", tail, json).await,
+                (_, true) => commands::log_file(&session, "vault", tail, json).await,
+                _ => commands::logs(&session, follow, quiet_for, json).await,
+            },
             Command::Secrets(SecretsCommand::List) => commands::secrets_list(json).await,
             Command::Secrets(SecretsCommand::Set { name, hosts, locations }) => {
                 commands::secrets_set(&name, &hosts, &locations).await

@@ -49,7 +49,8 @@ pub fn router(app: Arc<App>) -> Router {
         .route("/sessions/{id}/abort", post(abort_turn))
         .route("/sessions/{id}/restart", post(restart_harness))
         .route("/sessions/{id}/events", get(session_events))
-        .route("/sessions/{id}/interceptions", get(interceptions));
+        .route("/sessions/{id}/interceptions", get(interceptions))
+        .route("/sessions/{id}/logs", get(session_logs));
     let secrets = Router::new()
         .route("/", post(create_secret).get(list_secrets))
         .route("/{name}", get(get_secret).put(put_secret).delete(delete_secret));
@@ -475,6 +476,37 @@ async fn session_events(
                 .unwrap_or_else(|_| Event::default().data("{}")))
         });
     Ok(Sse::new(stream::select(events, agent)).keep_alive(KeepAlive::default()))
+}
+
+/// `?source=harness|vault&tail=N` of `GET /sessions/{id}/logs`.
+#[derive(Debug, serde::Deserialize)]
+#[serde(deny_unknown_fields)]
+struct LogsQuery {
+    source: Option<String>,
+    tail: Option<i64>,
+}
+
+/// Most lines one `/logs` call returns.
+const MAX_LOG_TAIL: i64 = 10_000;
+
+/// `GET /sessions/{id}/logs?source=harness|vault&tail=200`: `{"session_id","source","lines":[…]}`,
+/// the log's last `tail` lines (default 200), live or kept after the session stopped.
+async fn session_logs(
+    State(app): State<AppState>,
+    Path(id): Path<String>,
+    q: Result<Query<LogsQuery>, axum::extract::rejection::QueryRejection>,
+) -> ApiResult<Json<serde_json::Value>> {
+    let Query(q) = q?;
+    let source = match q.source.as_deref() {
+        None => crate::backend::LogSource::Harness,
+        Some(s) => crate::backend::LogSource::parse(s)
+            .ok_or_else(|| ApiError::BadRequest(format!("source: `{s}` is not one of harness, vault")))?,
+    };
+    let tail = q.tail.unwrap_or(200);
+    if !(1..=MAX_LOG_TAIL).contains(&tail) {
+        return Err(ApiError::BadRequest(format!("tail: must be from 1 to {MAX_LOG_TAIL}")));
+    }
+    Ok(Json(app.logs(&id, source, usize::try_from(tail).unwrap_or(200)).await?))
 }
 
 async fn interceptions(State(app): State<AppState>, Path(id): Path<String>) -> ApiResult<Json<serde_json::Value>> {

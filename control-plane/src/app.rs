@@ -1101,6 +1101,27 @@ impl App {
 
     /// The sidecar's audit events for a session, from the durable audit (pulled first while the
     /// session runs), oldest first: they outlive the session and server restarts.
+    /// `GET /sessions/{id}/logs`: the last `tail` lines of its harness or vault log.
+    pub async fn logs(
+        &self,
+        id: &str,
+        source: crate::backend::LogSource,
+        tail: usize,
+    ) -> Result<serde_json::Value, ApiError> {
+        let s = self.get_session(id).await?;
+        let lines = match self.backend.logs(&s.id, source, tail).await {
+            Ok(lines) => lines.unwrap_or_default(),
+            Err(crate::backend::BackendError::Unavailable(m)) => {
+                return Err(ApiError::Rejected {
+                    status: axum::http::StatusCode::NOT_IMPLEMENTED,
+                    message: m,
+                })
+            }
+            Err(e) => return Err(ApiError::Internal(e.to_string())),
+        };
+        Ok(serde_json::json!({ "session_id": s.id, "source": source.as_str(), "lines": lines }))
+    }
+
     pub async fn interceptions(&self, id: &str) -> Result<serde_json::Value, ApiError> {
         let s = self.get_session(id).await?;
         if s.status == Status::Ready {

@@ -167,4 +167,44 @@ pub trait SandboxBackend: Send + Sync + 'static {
     async fn remove_orphans(&self, keep: &std::collections::HashSet<String>) -> usize;
     /// Delete kept logs of stopped sandboxes older than `retention` (backends that keep them).
     async fn prune_logs(&self, _retention: std::time::Duration) {}
+    /// The last `tail` lines of a session's harness or vault log, live or kept after it stopped;
+    /// `None` when there is none (yet, or any more).
+    async fn logs(
+        &self,
+        _session_id: &str,
+        source: LogSource,
+        _tail: usize,
+    ) -> Result<Option<Vec<String>>, BackendError> {
+        Err(BackendError::Unavailable(format!(
+            "this backend does not serve the {} log: read the pod's `{}` container with kubectl logs",
+            source.as_str(),
+            source.as_str()
+        )))
+    }
+}
+
+/// Which of a session's logs (`GET /sessions/{id}/logs?source=`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum LogSource {
+    /// `lap-harness` and the agent CLI it runs (bring-up, `fatal:` lines).
+    Harness,
+    /// The vault sidecar: its JSON log lines and audit events (never a value).
+    Vault,
+}
+
+impl LogSource {
+    pub fn parse(s: &str) -> Option<Self> {
+        match s {
+            "harness" => Some(Self::Harness),
+            "vault" => Some(Self::Vault),
+            _ => None,
+        }
+    }
+
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::Harness => "harness",
+            Self::Vault => "vault",
+        }
+    }
 }

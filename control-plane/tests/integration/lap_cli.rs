@@ -447,6 +447,32 @@ async fn lap_works_with_sessions_by_agent_name_and_id_prefix() {
     // `logs --follow` of a dead session ends (run kills a hung lap after 60 s: exit None).
     let o = lap.ok(&["logs", &id, "--follow"], "");
     assert!(line_with(&o.out, &id).contains("dead"), "{o:?}");
+    // Its harness and vault logs, kept after it stopped: the vault's audit lines name the
+    // secret, and neither log holds the real key.
+    let o = lap.ok(&["logs", &id, "--harness"], "");
+    assert!(o.out.contains("lap-harness"), "{o:?}");
+    let o = lap.ok(&["logs", &id, "--vault", "--tail", "1000"], "");
+    assert!(
+        o.out.contains("\"target\":\"audit\"") && o.out.contains("ANTHROPIC_API_KEY"),
+        "{o:?}"
+    );
+    let v = lap.json(&["logs", &id, "--vault", "--tail", "2"]);
+    assert_eq!(v["lines"].as_array().map(Vec::len), Some(2), "{v}");
+    for source in ["--harness", "--vault"] {
+        let o = lap.ok(&["logs", &id, source, "--tail", "10000"], "");
+        assert!(!o.out.contains(real), "the real key in the {source} log");
+    }
+    let (s, v) = server
+        .call("GET", &format!("{A}/sessions/{id}/logs?source=kernel"), None)
+        .await;
+    assert_eq!(s, 400, "{v}");
+    assert!(v["error"].as_str().unwrap().starts_with("source: "), "{v}");
+    let (s, v) = server
+        .call("GET", &format!("{A}/sessions/{id}/logs?tail=0"), None)
+        .await;
+    assert_eq!(s, 400, "{v}");
+    let (s, _) = server.call("GET", &format!("{A}/sessions/ses_nope/logs"), None).await;
+    assert_eq!(s, 404);
     let o = lap.fails(&["attach", "coder"]);
     assert!(o.err.contains("dead"), "the newest session of coder is stopped: {o:?}");
 }

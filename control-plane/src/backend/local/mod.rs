@@ -54,7 +54,7 @@ use serde::{Deserialize, Serialize};
 use tokio::process::{Child, Command};
 
 use self::process::{ProcState, ProcessId};
-use super::{BackendError, Liveness, SandboxBackend, SandboxHandle, SandboxSpec};
+use super::{BackendError, Liveness, LogSource, SandboxBackend, SandboxHandle, SandboxSpec};
 
 /// How long the sidecar may take to become ready.
 const SIDECAR_READY_TIMEOUT: Duration = Duration::from_secs(30);
@@ -1029,6 +1029,42 @@ impl SandboxBackend for LocalBackend {
         process::stop_all(&read_pids(&d.private), STOP_GRACE).await;
         self.harness_clients.forget(&d.socket());
         self.remove_dirs(&d.private, &d.sandbox);
+    }
+
+    async fn logs(
+        &self,
+        session_id: &str,
+        source: LogSource,
+        tail: usize,
+    ) -> Result<Option<Vec<String>>, BackendError> {
+        let file = match source {
+            LogSource::Harness => "harness.log",
+            LogSource::Vault => "sidecar.log",
+        };
+        // A running (or starting) sandbox's own file, else the copy kept when it stopped.
+        let live = self.dirs(session_id).private.join(file);
+        let path = if live.exists() {
+            live
+        } else {
+            self.logs_dir(session_id).join(file)
+        };
+        match std::fs::read(&path) {
+            Ok(bytes) => {
+                let text = String::from_utf8_lossy(&bytes);
+                let lines: Vec<&str> = text.lines().collect();
+                Ok(Some(
+                    lines[lines.len().saturating_sub(tail)..]
+                        .iter()
+                        .map(|l| (*l).to_owned())
+                        .collect(),
+                ))
+            }
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(None),
+            Err(e) => Err(BackendError::Io {
+                what: format!("cannot read {}", path.display()),
+                source: e,
+            }),
+        }
     }
 
     async fn prune_logs(&self, retention: Duration) {
