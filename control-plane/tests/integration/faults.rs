@@ -110,6 +110,21 @@ async fn metric(url: &str, name: &str) -> Option<u64> {
     text.lines().find_map(|l| l.strip_prefix(name)?.trim().parse().ok())
 }
 
+/// Wait until `server` has finished `n` more reconcile passes than when called.
+async fn passes(server: &LapServer, n: u64, within: Duration) {
+    let name = "lap_reconcile_passes_total";
+    let start = metric(&server.url, name).await.unwrap_or(0);
+    eventually_ok(within, &format!("{n} more reconcile passes"), || async {
+        let now = metric(&server.url, name).await.unwrap_or(0);
+        if now >= start + n {
+            Ok(())
+        } else {
+            Err(format!("{} of {n}", now - start.min(now)))
+        }
+    })
+    .await;
+}
+
 // ---------------------------------------------------------------------------------------------
 // P01
 // ---------------------------------------------------------------------------------------------
@@ -150,8 +165,9 @@ async fn two_replicas_twenty_creates(database_url: Option<String>) {
     for v in &settled {
         assert_eq!(v["status"], "ready", "a session was failed: {v}");
     }
-    // Many passes of both replicas later, still every one ready.
-    tokio::time::sleep(Duration::from_secs(2)).await;
+    // Passes of both replicas later, still every one ready.
+    passes(&a, 2, Duration::from_secs(30)).await;
+    passes(&b, 2, Duration::from_secs(30)).await;
     for id in &ids {
         let v = status(&b, id).await;
         assert_eq!(v["status"], "ready", "{v}");
@@ -268,7 +284,14 @@ async fn p02_kill_9_mid_pass_then_the_restarted_server_reconciles_within_5s() {
     // long, so the kill lands inside one.
     let harness = support::server::sandbox_harness_pid(&server.private_dir(&slow));
     nix::sys::signal::kill(nix::unistd::Pid::from_raw(harness), nix::sys::signal::Signal::SIGSTOP).unwrap();
-    tokio::time::sleep(Duration::from_millis(600)).await;
+    let db = data.join("lap.db");
+    eventually_ok(Duration::from_secs(10), "the reconciler lease held", || async {
+        match reconciler_lease(&db) {
+            Some((_, expires)) if expires > now_ms() + 500 => Ok(()),
+            other => Err(format!("{other:?}")),
+        }
+    })
+    .await;
     let creating = create(&server, &aid, json!({})).await;
     server.kill().await;
     let killed_at = now_ms();
@@ -282,16 +305,17 @@ async fn p02_kill_9_mid_pass_then_the_restarted_server_reconciles_within_5s() {
 
     let restarted_at = Instant::now();
     let server = LapServer::start_on(port, &data, &env).await;
-    loop {
-        if metric(&server.url, "lap_reconcile_passes_total").await.unwrap_or(0) >= 1 {
-            break;
-        }
-        assert!(
-            restarted_at.elapsed() < Duration::from_secs(5),
-            "no reconcile pass within 5 s of the restart (the dead replica's lease held it up)"
-        );
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
+    eventually_ok(
+        Duration::from_secs(5),
+        "a reconcile pass within 5 s of the restart (the dead replica's lease must not hold it up)",
+        || async {
+            match metric(&server.url, "lap_reconcile_passes_total").await {
+                Some(n) if n >= 1 => Ok(()),
+                other => Err(format!("passes: {other:?}")),
+            }
+        },
+    )
+    .await;
     // The crash's `creating` session is resolved within 30 s of the restart, with a reason if
     // failed; the ready one was adopted.
     let left = Duration::from_secs(30).saturating_sub(restarted_at.elapsed());
@@ -383,8 +407,8 @@ async fn p04_delete_of_a_creating_session_ends_its_processes_within_1s() {
         },
     )
     .await;
-    // And it stays dead (the cancelled bring-up never marks it ready or failed).
-    tokio::time::sleep(Duration::from_secs(3)).await;
+    // And it stays dead (the cancelled bring-up never marks it ready or failed), passes later.
+    passes(&server, 2, Duration::from_secs(30)).await;
     let v = status(&server, &sid).await;
     assert_eq!(v["status"], "dead", "{v}");
     assert!(v["failure_reason"].is_null(), "{v}");
