@@ -3,7 +3,7 @@
 
 use std::pin::Pin;
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
 use std::task::{ready, Context, Poll};
 
 use bytes::Bytes;
@@ -71,19 +71,22 @@ impl<B> StreamBody<B> {
     }
 
     /// Look at every data frame and trailer through `tripwire` before it goes on: the first stub
-    /// it refuses ends the body with an error (the upstream request is reset) and is kept in
-    /// `tripwire.tripped`.
+    /// it refuses ends the body with an error (the upstream request is reset) and goes to
+    /// `tripwire.on_trip`.
     pub(crate) fn with_tripwire(mut self, tripwire: Tripwire) -> Self {
         self.tripwire = Some(tripwire);
         self
     }
 }
 
-/// A [`StubScanner`] over a streaming request body, and where the stub it refused is kept.
+/// Called with the stub a [`Tripwire`] refused (once: the body ends there).
+pub(crate) type OnTrip = Box<dyn FnOnce(Exfiltration) + Send>;
+
+/// A [`StubScanner`] over a streaming request body, and what to do with the stub it refuses.
 pub(crate) struct Tripwire {
     pub(crate) scanner: StubScanner,
     pub(crate) secrets: Arc<SecretSet>,
-    pub(crate) tripped: Arc<Mutex<Option<Exfiltration>>>,
+    pub(crate) on_trip: Option<OnTrip>,
 }
 
 impl Tripwire {
@@ -93,7 +96,9 @@ impl Tripwire {
                 "the request body carries the stub of {}, which is not bound to this host",
                 ex.secret
             );
-            *self.tripped.lock().unwrap_or_else(|p| p.into_inner()) = Some(ex);
+            if let Some(on_trip) = self.on_trip.take() {
+                on_trip(ex);
+            }
             BoxError::from(msg)
         })
     }

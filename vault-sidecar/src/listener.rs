@@ -22,7 +22,7 @@ use crate::body::{DrainOnDrop, StreamBody};
 use crate::connect::{parse_target, should_intercept};
 use crate::headers::strip_hop_by_hop;
 use crate::intercept::context::{Mode, Outcome, RequestContext};
-use crate::intercept::{head, relay, serve_tunnel, upstream_refusal, MAX_REQUEST_HEAD};
+use crate::intercept::{failed_exchange, head, relay, response_timeout, serve_tunnel, MAX_REQUEST_HEAD};
 use crate::proxy::Proxy;
 use crate::refusal::{self, BlockReason, Refusal};
 use crate::rewrite::HostRules;
@@ -211,20 +211,10 @@ async fn forward_plain(proxy: Arc<Proxy>, req: Request<Incoming>) -> Response<Pr
         match tokio::time::timeout(limit, proxy.upstreams.h1_only.request(Request::from_parts(parts, body))).await {
             Ok(Ok(resp)) => resp,
             Ok(Err(e)) => {
-                let tripped = ctx.counters.tripped.lock().unwrap_or_else(|p| p.into_inner()).take();
-                let refusal = match tripped {
-                    Some(ex) => head::exfiltration(ex, &target),
-                    None => upstream_refusal(&e, &target),
-                };
+                let refusal = failed_exchange(&ctx.counters, &e, &target);
                 return ctx.refuse(refusal);
             }
-            Err(_) => {
-                return ctx.refuse(Refusal::failed(
-                    crate::refusal::ErrorKind::UpstreamResponseTimeout,
-                    &target.host,
-                    format!("the upstream sent no response head within {} s", limit.as_secs()),
-                ))
-            }
+            Err(_) => return ctx.refuse(response_timeout(&target, limit)),
         };
     let (mut parts, body) = resp.into_parts();
     strip_hop_by_hop(&mut parts.headers, false);

@@ -49,7 +49,19 @@ pub(crate) struct Counters {
     pub(crate) body_hits: Mutex<Vec<u64>>,
     /// The stub the tripwire found in a request body that was streaming (its upstream request
     /// was reset).
-    pub(crate) tripped: Arc<Mutex<Option<crate::rewrite::Exfiltration>>>,
+    tripped: Mutex<Option<crate::rewrite::Exfiltration>>,
+}
+
+impl Counters {
+    /// Keep the stub the request body's tripwire refused.
+    pub(crate) fn trip(&self, ex: crate::rewrite::Exfiltration) {
+        *self.tripped.lock().unwrap_or_else(|p| p.into_inner()) = Some(ex);
+    }
+
+    /// The stub the tripwire refused, if it did (taken: the request is finished once).
+    pub(crate) fn take_tripped(&self) -> Option<crate::rewrite::Exfiltration> {
+        self.tripped.lock().unwrap_or_else(|p| p.into_inner()).take()
+    }
 }
 
 /// How the request ended.
@@ -184,8 +196,7 @@ impl RequestContext {
                         .inc_by(*n);
                 }
                 // The tripwire ended a body or a WebSocket after the response head had come.
-                let tripped = self.counters.tripped.lock().unwrap_or_else(|p| p.into_inner()).take();
-                match tripped {
+                match self.counters.take_tripped() {
                     Some(ex) => (
                         Some(crate::refusal::BlockReason::StubExfiltration.as_str()),
                         None,

@@ -31,7 +31,7 @@ use crate::refusal::{ErrorKind, Refusal};
 use crate::rewrite::HostRules;
 use crate::tls::{sni_matches, CacheOutcome, ALPN_H2, ALPN_HTTP11};
 use crate::upstream::{find_upstream_error, ProxyBody};
-use context::{Mode, RequestContext};
+use context::{Counters, Mode, RequestContext};
 
 /// Client-side TLS handshake deadline (a CONNECT that never sends a ClientHello is closed).
 pub(crate) const CLIENT_HANDSHAKE_TIMEOUT: Duration = Duration::from_secs(10);
@@ -215,25 +215,31 @@ impl Tunnel {
         let result = tokio::time::timeout(limit, client.request(Request::from_parts(parts, body))).await;
         ctx.upstream_time = sent_at.elapsed();
         let resp = match result {
-            Ok(r) => r.map_err(|e| {
-                // The tripwire ended a streaming body: the upstream request was reset.
-                let tripped = ctx.counters.tripped.lock().unwrap_or_else(|p| p.into_inner()).take();
-                match tripped {
-                    Some(ex) => head::exfiltration(ex, &self.target),
-                    None => upstream_refusal(&e, &self.target),
-                }
-            })?,
-            Err(_) => {
-                tracing::warn!(host = %self.target.host, timeout_s = limit.as_secs(), "the upstream sent no response head in time");
-                return Err(Refusal::failed(
-                    ErrorKind::UpstreamResponseTimeout,
-                    &self.target.host,
-                    format!("the upstream sent no response head within {} s", limit.as_secs()),
-                ));
-            }
+            Ok(r) => r.map_err(|e| failed_exchange(&ctx.counters, &e, &self.target))?,
+            Err(_) => return Err(response_timeout(&self.target, limit)),
         };
         Ok((resp, client_upgrade))
     }
+}
+
+/// The refusal for a request whose upstream exchange failed: the tripwire's when it ended the
+/// streaming request body (that reset is what failed), else the upstream's.
+pub(crate) fn failed_exchange(counters: &Counters, e: &hyper_util::client::legacy::Error, target: &Target) -> Refusal {
+    match counters.take_tripped() {
+        Some(ex) => head::exfiltration(ex, target),
+        None => upstream_refusal(e, target),
+    }
+}
+
+/// The refusal for an upstream that sent no response head within `limit`
+/// (`upstream_response_timeout_secs`).
+pub(crate) fn response_timeout(target: &Target, limit: std::time::Duration) -> Refusal {
+    tracing::warn!(host = %target.host, timeout_s = limit.as_secs(), "the upstream sent no response head in time");
+    Refusal::failed(
+        ErrorKind::UpstreamResponseTimeout,
+        &target.host,
+        format!("the upstream sent no response head within {} s", limit.as_secs()),
+    )
 }
 
 /// The refusal for a failed upstream exchange (connect, TLS, or the upstream's own protocol).

@@ -116,10 +116,11 @@ pub(crate) async fn request_body(
             });
             let mut streamed = StreamBody::new(body, rewriter, counters.bytes_up.clone(), on_end);
             if let Some(scanner) = rules.stub_scanner(Location::Body).filter(|_| tripwire) {
+                let c = counters.clone();
                 streamed = streamed.with_tripwire(Tripwire {
                     scanner,
                     secrets: ctx.secrets.clone(),
-                    tripped: counters.tripped.clone(),
+                    on_trip: Some(Box::new(move |ex| c.trip(ex))),
                 });
             }
             Ok(streamed.boxed_unsync())
@@ -228,7 +229,9 @@ pub(crate) fn finish(ctx: RequestContext, mut parts: response::Parts, relay: Rel
                     let (up, down) = if websocket && (secrets.value_automaton().is_some() || tripwire.is_some()) {
                         let (up, down, h, refused) = crate::ws::relay(c, u, secrets, tripwire).await;
                         hits = h;
-                        *counters.tripped.lock().unwrap_or_else(|p| p.into_inner()) = refused;
+                        if let Some(ex) = refused {
+                            counters.trip(ex);
+                        }
                         (up, down)
                     } else {
                         let (mut c, mut u) = (c, u);
