@@ -102,23 +102,12 @@ async fn connect(proxy: Arc<Proxy>, peer: SocketAddr, req: Request<Incoming>) ->
         // name that does not resolve yet is answered inside (a `502 dns` the client can read).
         if let Ok(addrs) = proxy.upstreams.resolver.resolve(&target.host, target.port).await {
             let own = proxy.own_addrs();
-            let refusal = addrs.iter().find_map(|a| {
-                if own.contains(a) {
-                    Some(Refusal::blocked(BlockReason::Loop, &target.host))
-                } else {
-                    let policy = proxy.upstreams.resolver.policy();
-                    policy.check(*a).err().map(|why| {
-                        Refusal::upstream(
-                            &crate::upstream::UpstreamError::Denied {
-                                host: target.host.to_string(),
-                                addr: *a,
-                                why,
-                            },
-                            &target.host,
-                        )
-                    })
-                }
-            });
+            let refusal = if addrs.iter().any(|a| own.contains(a)) {
+                Some(Refusal::blocked(BlockReason::Loop, &target.host))
+            } else {
+                let checked = proxy.upstreams.resolver.check(&target.host, &addrs);
+                checked.err().map(|e| Refusal::upstream(&e, &target.host))
+            };
             if let Some(r) = refusal {
                 proxy.metrics.count_refusal(&r);
                 proxy.metrics.count_request(Mode::Tunnel.as_str(), r.status().as_u16());

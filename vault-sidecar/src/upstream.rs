@@ -140,6 +140,21 @@ impl Resolver {
         &self.policy
     }
 
+    /// The [`AddressPolicy`] over every address `host` resolved to: the first refused one
+    /// refuses them all (DNS rebinding cannot pick a good one).
+    pub(crate) fn check(&self, host: &TargetHost, addrs: &[SocketAddr]) -> Result<(), UpstreamError> {
+        for addr in addrs {
+            if let Err(why) = self.policy.check(*addr) {
+                return Err(UpstreamError::Denied {
+                    host: host.to_string(),
+                    addr: *addr,
+                    why,
+                });
+            }
+        }
+        Ok(())
+    }
+
     pub(crate) async fn resolve(&self, host: &TargetHost, port: u16) -> Result<Vec<SocketAddr>, UpstreamError> {
         let key = (host.to_string(), port);
         if let Some(addr) = self.table.get(&key) {
@@ -168,15 +183,7 @@ impl Resolver {
     /// is denied, whatever else it resolves to.
     pub(crate) async fn connect(&self, host: &TargetHost, port: u16) -> Result<TcpStream, UpstreamError> {
         let addrs = self.resolve(host, port).await?;
-        for addr in &addrs {
-            if let Err(why) = self.policy.check(*addr) {
-                return Err(UpstreamError::Denied {
-                    host: host.to_string(),
-                    addr: *addr,
-                    why,
-                });
-            }
-        }
+        self.check(host, &addrs)?;
         let mut last = None;
         for addr in addrs {
             match tokio::time::timeout(CONNECT_TIMEOUT, TcpStream::connect(addr)).await {

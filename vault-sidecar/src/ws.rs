@@ -58,11 +58,60 @@ struct Head {
     offset: u64,
 }
 
+/// What [`FrameReader::next`] read.
+enum Piece {
+    /// A frame's head (its payload follows).
+    Head(Head),
+    /// The next bytes of the current frame's payload, unmasked; `done` on its last bytes.
+    Payload { head: Head, bytes: BytesMut, done: bool },
+}
+
+/// Reads frames as they stream in (RFC 6455 §5.2), one head or payload piece at a time.
+#[derive(Default)]
+struct FrameReader {
+    buf: BytesMut,
+    head: Option<Head>,
+}
+
+impl FrameReader {
+    fn extend(&mut self, input: &[u8]) {
+        self.buf.extend_from_slice(input);
+    }
+
+    /// The next piece of what has arrived; `None` when more bytes are needed.
+    fn next(&mut self) -> Result<Option<Piece>, FrameError> {
+        let Some(mut head) = self.head else {
+            let Some((head, len)) = parse_head(&self.buf)? else {
+                return Ok(None);
+            };
+            self.buf.advance(len);
+            self.head = Some(head);
+            return Ok(Some(Piece::Head(head)));
+        };
+        let take = usize::try_from(head.remaining)
+            .unwrap_or(usize::MAX)
+            .min(self.buf.len());
+        if take == 0 && head.remaining > 0 {
+            return Ok(None);
+        }
+        let mut bytes = self.buf.split_to(take);
+        if let Some(key) = head.mask {
+            for (i, b) in bytes.iter_mut().enumerate() {
+                *b ^= key[((head.offset + i as u64) % 4) as usize];
+            }
+        }
+        head.offset += take as u64;
+        head.remaining -= take as u64;
+        let done = head.remaining == 0;
+        self.head = (!done).then_some(head);
+        Ok(Some(Piece::Payload { head, bytes, done }))
+    }
+}
+
 /// Parses the upstream's frames and re-emits them with real values replaced by stubs.
 pub struct FrameRedactor {
     secrets: std::sync::Arc<SecretSet>,
-    buf: BytesMut,
-    head: Option<Head>,
+    frames: FrameReader,
     /// The data message being relayed: its opcode (until its first fragment is written) and its
     /// rewriter.
     message: Option<Message>,
@@ -83,8 +132,7 @@ impl FrameRedactor {
         let n = secrets.value_automaton().map_or(0, |(_, ids)| ids.len());
         Self {
             secrets,
-            buf: BytesMut::new(),
-            head: None,
+            frames: FrameReader::default(),
             message: None,
             control: BytesMut::new(),
             hits: vec![0; n],
@@ -97,42 +145,19 @@ impl FrameRedactor {
 
     /// Feed bytes from the upstream; appends the frames to send to the client to `out`.
     pub fn push(&mut self, input: &[u8], out: &mut BytesMut) -> Result<(), FrameError> {
-        self.buf.extend_from_slice(input);
-        loop {
-            let Some(mut head) = self.head else {
-                match parse_head(&self.buf)? {
-                    Some((head, len)) => {
-                        self.buf.advance(len);
-                        self.start(head)?;
-                        self.head = Some(head);
-                        continue;
+        self.frames.extend(input);
+        while let Some(piece) = self.frames.next()? {
+            match piece {
+                Piece::Head(head) => self.start(head)?,
+                Piece::Payload { head, bytes, done } => {
+                    self.payload(&head, bytes.freeze(), out);
+                    if done {
+                        self.end(&head, out);
                     }
-                    None => return Ok(()),
                 }
-            };
-            let take = usize::try_from(head.remaining)
-                .unwrap_or(usize::MAX)
-                .min(self.buf.len());
-            if take == 0 && head.remaining > 0 {
-                return Ok(());
-            }
-            let mut payload = self.buf.split_to(take);
-            if let Some(key) = head.mask {
-                for (i, b) in payload.iter_mut().enumerate() {
-                    *b ^= key[((head.offset + i as u64) % 4) as usize];
-                }
-            }
-            head.offset += take as u64;
-            head.remaining -= take as u64;
-            self.payload(&head, payload.freeze(), out);
-            if head.remaining == 0 {
-                self.end(&head, out);
-                self.head = None;
-            } else {
-                self.head = Some(head);
-                return Ok(());
             }
         }
+        Ok(())
     }
 
     /// A frame head: checks it against the message state.
@@ -231,8 +256,7 @@ pub(crate) struct FrameTripwire {
     data: StubScanner,
     fresh: StubScanner,
     control: Option<StubScanner>,
-    buf: BytesMut,
-    head: Option<Head>,
+    frames: FrameReader,
 }
 
 impl FrameTripwire {
@@ -242,59 +266,35 @@ impl FrameTripwire {
             data: scanner.clone(),
             fresh: scanner,
             control: None,
-            buf: BytesMut::new(),
-            head: None,
+            frames: FrameReader::default(),
         }
     }
 
     /// Look at the next bytes from the client; `Ok` when they may go on to the upstream.
     pub(crate) fn push(&mut self, input: &[u8]) -> Result<(), ClientFrames> {
-        self.buf.extend_from_slice(input);
-        loop {
-            let Some(mut head) = self.head else {
-                match parse_head(&self.buf)? {
-                    Some((head, len)) => {
-                        self.buf.advance(len);
-                        if head.opcode >= 0x8 {
-                            if !head.fin || head.remaining > MAX_CONTROL as u64 {
-                                return Err(FrameError::Control.into());
-                            }
-                            self.control = Some(self.fresh.clone());
-                        } else if !matches!(head.opcode, OP_CONTINUATION | OP_TEXT | OP_BINARY) {
-                            return Err(FrameError::Opcode(head.opcode).into());
-                        }
-                        self.head = Some(head);
-                        continue;
+        self.frames.extend(input);
+        while let Some(piece) = self.frames.next()? {
+            match piece {
+                Piece::Head(head) if head.opcode >= 0x8 => {
+                    if !head.fin || head.remaining > MAX_CONTROL as u64 {
+                        return Err(FrameError::Control.into());
                     }
-                    None => return Ok(()),
+                    self.control = Some(self.fresh.clone());
                 }
-            };
-            let take = usize::try_from(head.remaining)
-                .unwrap_or(usize::MAX)
-                .min(self.buf.len());
-            if take == 0 && head.remaining > 0 {
-                return Ok(());
-            }
-            let mut payload = self.buf.split_to(take);
-            if let Some(key) = head.mask {
-                for (i, b) in payload.iter_mut().enumerate() {
-                    *b ^= key[((head.offset + i as u64) % 4) as usize];
+                Piece::Head(head) if !matches!(head.opcode, OP_CONTINUATION | OP_TEXT | OP_BINARY) => {
+                    return Err(FrameError::Opcode(head.opcode).into());
                 }
-            }
-            head.offset += take as u64;
-            head.remaining -= take as u64;
-            let scanner = match (head.opcode >= 0x8, self.control.as_mut()) {
-                (true, Some(c)) => c,
-                _ => &mut self.data,
-            };
-            scanner.push(&self.secrets, &payload).map_err(ClientFrames::Stub)?;
-            if head.remaining == 0 {
-                self.head = None;
-            } else {
-                self.head = Some(head);
-                return Ok(());
+                Piece::Head(_) => {}
+                Piece::Payload { head, bytes, .. } => {
+                    let scanner = match (head.opcode >= 0x8, self.control.as_mut()) {
+                        (true, Some(c)) => c,
+                        _ => &mut self.data,
+                    };
+                    scanner.push(&self.secrets, &bytes).map_err(ClientFrames::Stub)?;
+                }
             }
         }
+        Ok(())
     }
 }
 
