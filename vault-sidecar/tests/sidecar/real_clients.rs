@@ -568,27 +568,18 @@ async fn sse_events_arrive_one_by_one() {
 /// `permessage-deflate` never reaches the upstream (a compressed frame would hide the value).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn w04_websocket_messages_reflecting_the_real_value_reach_the_client_as_stubs() {
-    use tokio_tungstenite::tungstenite::client::IntoClientRequest as _;
     use tokio_tungstenite::tungstenite::Message;
     let h = Harness::default_setup().await;
-    let tls = tunnel_tls(&h.sidecar, "api.anthropic.com", &["http/1.1"]).await;
-    let mut req = "wss://api.anthropic.com/ws-reflect"
-        .into_client_request()
-        .expect("ws request");
-    let headers = req.headers_mut();
-    headers.insert("x-api-key", ANTHROPIC_STUB.parse().expect("header value"));
-    headers.insert(
-        "sec-websocket-extensions",
-        "permessage-deflate".parse().expect("header value"),
-    );
-    let (mut ws, resp) = within(
-        Duration::from_secs(20),
-        "WebSocket handshake through the sidecar",
-        Box::pin(tokio_tungstenite::client_async(req, tls)),
+    let mut ws = ws_connect(
+        &h.sidecar,
+        "api.anthropic.com",
+        "/ws-reflect",
+        &[
+            ("x-api-key", ANTHROPIC_STUB),
+            ("sec-websocket-extensions", "permessage-deflate"),
+        ],
     )
-    .await
-    .expect("WebSocket handshake");
-    assert_eq!(resp.status(), 101);
+    .await;
     let mut messages = Vec::new();
     while let Some(msg) = within(Duration::from_secs(10), "a message", ws.next()).await {
         match msg.expect("a valid WebSocket message") {
@@ -649,21 +640,9 @@ async fn w03_a_trailer_reflecting_the_real_value_reaches_the_client_as_the_stub(
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn websocket_through_tunnel_with_swapped_handshake() {
-    use tokio_tungstenite::tungstenite::client::IntoClientRequest as _;
     use tokio_tungstenite::tungstenite::Message;
     let h = Harness::default_setup().await;
-    let tls = tunnel_tls(&h.sidecar, "api.anthropic.com", &["http/1.1"]).await;
-    let mut req = "wss://api.anthropic.com/ws".into_client_request().expect("ws request");
-    req.headers_mut()
-        .insert("x-api-key", ANTHROPIC_STUB.parse().expect("header value"));
-    let (mut ws, resp) = within(
-        Duration::from_secs(20),
-        "WebSocket handshake through the sidecar",
-        Box::pin(tokio_tungstenite::client_async(req, tls)),
-    )
-    .await
-    .expect("WebSocket handshake");
-    assert_eq!(resp.status(), 101);
+    let mut ws = ws_connect(&h.sidecar, "api.anthropic.com", "/ws", &[("x-api-key", ANTHROPIC_STUB)]).await;
     for i in 0..5 {
         let msg = format!("frame-{i}-{}", "z".repeat(i * 1000));
         ws.send(Message::text(msg.clone())).await.expect("send");

@@ -247,24 +247,12 @@ async fn a_cleartext_request_carrying_any_stub_is_refused() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_websocket_message_carrying_an_unbound_stub_closes_the_connection_before_it_leaves() {
-    use tokio_tungstenite::tungstenite::client::IntoClientRequest as _;
     use tokio_tungstenite::tungstenite::protocol::frame::coding::{CloseCode, Data, OpCode};
     use tokio_tungstenite::tungstenite::protocol::frame::Frame;
     use tokio_tungstenite::tungstenite::Message;
     let h = Harness::default_setup().await;
     for split in [false, true] {
-        let tls = tunnel_tls(&h.sidecar, "api.anthropic.com", &["http/1.1"]).await;
-        let mut req = "wss://api.anthropic.com/ws".into_client_request().expect("ws request");
-        req.headers_mut()
-            .insert("x-api-key", ANTHROPIC_STUB.parse().expect("header value"));
-        let (mut ws, resp) = within(
-            Duration::from_secs(20),
-            "WebSocket handshake",
-            Box::pin(tokio_tungstenite::client_async(req, tls)),
-        )
-        .await
-        .expect("handshake");
-        assert_eq!(resp.status(), 101);
+        let mut ws = ws_connect(&h.sidecar, "api.anthropic.com", "/ws", &[("x-api-key", ANTHROPIC_STUB)]).await;
         // A clean message and one quoting the bound stub echo back.
         for text in ["hello".to_owned(), format!("bound {ANTHROPIC_STUB}")] {
             ws.send(Message::text(text.clone())).await.expect("send");

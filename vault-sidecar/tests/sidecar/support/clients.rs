@@ -215,6 +215,32 @@ pub async fn tunnel_tls(sidecar: &Sidecar, host: &str, alpn: &[&str]) -> ClientT
         .expect("TLS handshake with the sidecar's leaf")
 }
 
+/// A WebSocket client through the sidecar: CONNECT to `host:443`, TLS with the sidecar's CA, then
+/// the handshake for `wss://{host}{path}` with `headers` (RFC 6455 §4.1), which must answer 101.
+pub async fn ws_connect(
+    sidecar: &Sidecar,
+    host: &str,
+    path: &str,
+    headers: &[(&str, &str)],
+) -> tokio_tungstenite::WebSocketStream<ClientTls> {
+    use tokio_tungstenite::tungstenite::client::IntoClientRequest as _;
+    let tls = tunnel_tls(sidecar, host, &["http/1.1"]).await;
+    let mut req = format!("wss://{host}{path}").into_client_request().expect("ws request");
+    for (name, value) in headers {
+        let name = http::HeaderName::from_bytes(name.as_bytes()).expect("header name");
+        req.headers_mut().insert(name, value.parse().expect("header value"));
+    }
+    let (ws, resp) = within(
+        Duration::from_secs(20),
+        "WebSocket handshake through the sidecar",
+        Box::pin(tokio_tungstenite::client_async(req, tls)),
+    )
+    .await
+    .expect("WebSocket handshake");
+    assert_eq!(resp.status(), 101);
+    ws
+}
+
 /// Result of one curl run: the final response's status/headers/body plus the raw header dump (which also
 /// holds any CONNECT reply and interim responses).
 #[derive(Debug)]
