@@ -54,7 +54,8 @@ pub use transparent::{parse_hello, Hello};
 /// Entry points for the fuzz targets (`vault-sidecar/fuzz`), not an API.
 #[doc(hidden)]
 pub mod fuzz {
-    pub use crate::ws::{FrameError, FrameRedactor};
+    pub use crate::rewrite::StubScanner;
+    pub use crate::ws::{ClientFrames, FrameError, FrameRedactor, FrameTripwire};
 
     /// Decode `body` as a relayed response with `Content-Encoding: content_encoding` is decoded
     /// (the codings the sidecar accepts, applied in order): the identity bytes, or why not.

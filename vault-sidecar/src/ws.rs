@@ -235,7 +235,7 @@ impl FrameRedactor {
 
 /// Why the client's frames stop at the vault.
 #[derive(Debug)]
-pub(crate) enum ClientFrames {
+pub enum ClientFrames {
     /// A stub the tripwire refuses.
     Stub(Exfiltration),
     /// Framing the vault cannot read, so cannot check.
@@ -251,7 +251,7 @@ impl From<FrameError> for ClientFrames {
 /// Reads the client's (masked) frames as they stream and passes their payloads, unmasked,
 /// through a [`StubScanner`]: one over the data messages (so a stub split across fragments is
 /// found), a fresh one per control frame.
-pub(crate) struct FrameTripwire {
+pub struct FrameTripwire {
     secrets: std::sync::Arc<SecretSet>,
     data: StubScanner,
     fresh: StubScanner,
@@ -260,7 +260,7 @@ pub(crate) struct FrameTripwire {
 }
 
 impl FrameTripwire {
-    pub(crate) fn new(secrets: std::sync::Arc<SecretSet>, scanner: StubScanner) -> Self {
+    pub fn new(secrets: std::sync::Arc<SecretSet>, scanner: StubScanner) -> Self {
         Self {
             secrets,
             data: scanner.clone(),
@@ -271,7 +271,7 @@ impl FrameTripwire {
     }
 
     /// Look at the next bytes from the client; `Ok` when they may go on to the upstream.
-    pub(crate) fn push(&mut self, input: &[u8]) -> Result<(), ClientFrames> {
+    pub fn push(&mut self, input: &[u8]) -> Result<(), ClientFrames> {
         self.frames.extend(input);
         while let Some(piece) = self.frames.next()? {
             match piece {

@@ -340,6 +340,19 @@ async fn claude_agent_sdk_session_gets_a_reply_through_the_vault() {
     }
 }
 
+/// Create the agent `agent`, start a session of it and wait until it leaves `creating`: its id
+/// and the session as it settled.
+async fn settled_session(server: &LapServer, agent: serde_json::Value) -> (String, serde_json::Value) {
+    let (s, agent) = server.call("POST", &format!("{A}/agents"), Some(agent)).await;
+    assert_eq!(s, 201, "{agent}");
+    let aid = agent["id"].as_str().unwrap();
+    let (s, session) = server.call("POST", &format!("{A}/agents/{aid}/session"), None).await;
+    assert_eq!(s, 201, "{session}");
+    let sid = session["id"].as_str().unwrap().to_owned();
+    let v = server.wait_settled(&sid, Duration::from_secs(60)).await;
+    (sid, v)
+}
+
 /// Without the agent CLI, the session fails with a reason that says so.
 #[tokio::test(flavor = "multi_thread")]
 async fn missing_agent_cli_fails_the_session_with_a_reason() {
@@ -353,23 +366,12 @@ async fn missing_agent_cli_fails_the_session_with_a_reason() {
         .expect("bwrap on PATH (bash .ci/run installs bubblewrap)");
     std::os::unix::fs::symlink(bwrap, empty.join("bwrap")).unwrap();
     let server = LapServer::start(&tmp.path().join("data"), &[("PATH", empty.display().to_string())]).await;
-    let (_, agent) = server
-        .call(
-            "POST",
-            &format!("{A}/agents"),
-            Some(json!({"name": "nocli", "harness_id": "codex"})),
-        )
-        .await;
-    let aid = agent["id"].as_str().unwrap();
-    let (s, session) = server.call("POST", &format!("{A}/agents/{aid}/session"), None).await;
-    assert_eq!(s, 201, "{session}");
-    let sid = session["id"].as_str().unwrap();
-    let v = server.wait_settled(sid, Duration::from_secs(60)).await;
+    let (sid, v) = settled_session(&server, json!({"name": "nocli", "harness_id": "codex"})).await;
     assert_eq!(v["status"], "failed", "{v}");
     let reason = v["failure_reason"].as_str().unwrap();
     assert!(reason.contains("codex") && reason.contains("not installed"), "{reason}");
-    assert!(!server.private_dir(sid).exists());
-    assert!(!server.sandbox_dir(sid).exists());
+    assert!(!server.private_dir(&sid).exists());
+    assert!(!server.sandbox_dir(&sid).exists());
 }
 
 /// A clone that fails says why in the session's `failure_reason`: git's own error line, not
@@ -379,20 +381,11 @@ async fn a_failed_clone_names_gits_error() {
     let tmp = tempfile::tempdir().unwrap();
     let path = support::fake_cli::path_with_fake_claude(tmp.path());
     let server = LapServer::start(&tmp.path().join("data"), &[("PATH", path)]).await;
-    let (s, agent) = server
-        .call(
-            "POST",
-            &format!("{A}/agents"),
-            Some(json!({"name": "noclone", "harness_id": "claude-code",
-                        "repo_url": "https://git.nowhere.invalid/r.git"})),
-        )
-        .await;
-    assert_eq!(s, 201, "{agent}");
-    let aid = agent["id"].as_str().unwrap();
-    let (s, session) = server.call("POST", &format!("{A}/agents/{aid}/session"), None).await;
-    assert_eq!(s, 201, "{session}");
-    let sid = session["id"].as_str().unwrap();
-    let v = server.wait_settled(sid, Duration::from_secs(60)).await;
+    let (_, v) = settled_session(
+        &server,
+        json!({"name": "noclone", "harness_id": "claude-code", "repo_url": "https://git.nowhere.invalid/r.git"}),
+    )
+    .await;
     assert_eq!(v["status"], "failed", "{v}");
     let reason = v["failure_reason"].as_str().unwrap();
     assert!(

@@ -53,6 +53,32 @@ async fn bash(script: &str, cwd: &Path, env: &[(&str, String)]) -> (bool, String
     (out.status.success(), text)
 }
 
+/// A newcomer's checkout (`tmp/checkout`, 0755 as a clone is, so the sandbox's uid reaches
+/// `.lap-sandboxes`) with `lap-server` running from it (its data in `.lap/`, the master key in
+/// `.lap/master_key`), its sessions sending api.anthropic.com to a stand-in that answers `real`.
+async fn checkout_with_server(tmp: &Path, real: &str) -> (PathBuf, LapServer, StandIn) {
+    let standin = StandIn::start(real).await;
+    let base = tmp.join("base.toml");
+    std::fs::write(
+        &base,
+        format!(
+            "upstream_ca_files = [{:?}]\n[resolve]\n\"api.anthropic.com:443\" = \"127.0.0.1:{}\"\n",
+            standin.ca_path.display().to_string(),
+            standin.port
+        ),
+    )
+    .unwrap();
+    let cwd = tmp.join("checkout");
+    std::fs::create_dir(&cwd).unwrap();
+    let server = LapServer::start(
+        &cwd.join(".lap"),
+        &[("LAP_SIDECAR_BASE_CONFIG", base.display().to_string())],
+    )
+    .await;
+    std::fs::write(cwd.join(".lap/master_key"), &server.key).unwrap();
+    (cwd, server, standin)
+}
+
 #[tokio::test(flavor = "multi_thread")]
 async fn the_readme_sidecar_block_shows_the_real_key_arriving_upstream() {
     let readme = std::fs::read_to_string(repo_root().join("README.md")).unwrap();
@@ -89,27 +115,9 @@ async fn the_readme_rest_block_runs_a_session_and_deletes_it() {
     let readme = std::fs::read_to_string(repo_root().join("README.md")).unwrap();
     let block = sh_block(&readme, "## Run the control plane", "LAP=http://127.0.0.1:4000");
     let real = "sk-ant-api03-REAL-readme-block-0123456789";
-    let standin = StandIn::start(real).await;
     let tmp = tempfile::tempdir().unwrap();
-    let base = tmp.path().join("base.toml");
-    std::fs::write(
-        &base,
-        format!(
-            "upstream_ca_files = [{:?}]\n[resolve]\n\"api.anthropic.com:443\" = \"127.0.0.1:{}\"\n",
-            standin.ca_path.display().to_string(),
-            standin.port
-        ),
-    )
-    .unwrap();
     // The block runs at the repository root of a newcomer's checkout: `.lap/` is the server's.
-    let cwd = tmp.path().join("checkout");
-    std::fs::create_dir(&cwd).unwrap(); // as a clone is: 0755, so the sandbox's uid can reach .lap-sandboxes
-    let server = LapServer::start(
-        &cwd.join(".lap"),
-        &[("LAP_SIDECAR_BASE_CONFIG", base.display().to_string())],
-    )
-    .await;
-    std::fs::write(cwd.join(".lap/master_key"), &server.key).unwrap();
+    let (cwd, server, _standin) = checkout_with_server(tmp.path(), real).await;
     let script = block.replace("http://127.0.0.1:4000", &server.url);
     let (ok, out) = bash(&script, &cwd, &[("ANTHROPIC_API_KEY", real.to_owned())]).await;
     assert!(ok, "{out}");
@@ -135,26 +143,8 @@ async fn the_readme_lap_block_runs_a_session_with_lap() {
     let readme = std::fs::read_to_string(repo_root().join("README.md")).unwrap();
     let block = sh_block(&readme, "## Run the control plane", "lap login");
     let real = "sk-ant-api03-REAL-readme-lap-0123456789";
-    let standin = StandIn::start(real).await;
     let tmp = tempfile::tempdir().unwrap();
-    let base = tmp.path().join("base.toml");
-    std::fs::write(
-        &base,
-        format!(
-            "upstream_ca_files = [{:?}]\n[resolve]\n\"api.anthropic.com:443\" = \"127.0.0.1:{}\"\n",
-            standin.ca_path.display().to_string(),
-            standin.port
-        ),
-    )
-    .unwrap();
-    let cwd = tmp.path().join("checkout");
-    std::fs::create_dir(&cwd).unwrap();
-    let server = LapServer::start(
-        &cwd.join(".lap"),
-        &[("LAP_SIDECAR_BASE_CONFIG", base.display().to_string())],
-    )
-    .await;
-    std::fs::write(cwd.join(".lap/master_key"), &server.key).unwrap();
+    let (cwd, server, _standin) = checkout_with_server(tmp.path(), real).await;
     // What names this machine: the binaries (a debug build here), the URL, and the reader's key.
     let bins = workspace_bin("lap");
     let bins = bins.parent().unwrap().display().to_string();

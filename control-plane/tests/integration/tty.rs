@@ -774,6 +774,32 @@ async fn lap_agent_in_tmux_detaches_and_reattaches_to_the_same_session() {
     assert_eq!((s, v["status"].as_str()), (200, Some("dead")));
 }
 
+/// A lap-server whose `claude` is the stand-in `script`, with the claude-code agent `agent`,
+/// and the environment `lap` needs to reach it from tmux. The server lives until `tmp` goes.
+async fn server_with_fake_claude(
+    tmp: &std::path::Path,
+    script: &str,
+    agent: &str,
+) -> (LapServer, [(&'static str, String); 3]) {
+    let bin = tmp.join("fake-bin");
+    write_script(&bin, "claude", script);
+    let server = LapServer::start(&tmp.join("data"), &[("PATH", path_with(&bin))]).await;
+    let (s, _) = server
+        .call(
+            "POST",
+            &format!("{A}/agents"),
+            Some(json!({"name": agent, "harness_id": "claude-code"})),
+        )
+        .await;
+    assert_eq!(s, 201);
+    let env = [
+        ("LAP_URL", server.url.clone()),
+        ("MASTER_KEY", server.key.clone()),
+        ("HOME", tmp.display().to_string()),
+    ];
+    (server, env)
+}
+
 /// The terminal is restored when the attach ends badly: the session is stopped while `lap` is
 /// attached; `lap` says so, exits 1, and the tty is back in cooked mode (`icanon`, `echo`).
 #[tokio::test(flavor = "multi_thread")]
@@ -783,25 +809,10 @@ async fn lap_restores_the_terminal_when_the_session_goes_away() {
         "`tmux` is not on PATH: this test drives `lap` in it (bash .ci/run installs it)"
     );
     let tmp = tempfile::tempdir().unwrap();
-    let bin = tmp.path().join("fake-bin");
-    write_script(&bin, "claude", SHELL_CLAUDE);
-    let server = LapServer::start(&tmp.path().join("data"), &[("PATH", path_with(&bin))]).await;
-    let (s, _) = server
-        .call(
-            "POST",
-            &format!("{A}/agents"),
-            Some(json!({"name": "shell", "harness_id": "claude-code"})),
-        )
-        .await;
-    assert_eq!(s, 201);
+    let (server, env) = server_with_fake_claude(tmp.path(), SHELL_CLAUDE, "shell").await;
     let tmux = Tmux {
         socket: format!("lap-test-restore-{}", std::process::id()),
     };
-    let env = [
-        ("LAP_URL", server.url.clone()),
-        ("MASTER_KEY", server.key.clone()),
-        ("HOME", tmp.path().display().to_string()),
-    ];
     tmux.start(
         "t",
         &format!(
@@ -853,25 +864,10 @@ async fn lap_says_the_agent_is_starting_until_it_paints() {
     );
     const SLOW_TUI: &str = "#!/bin/sh\nprintf '\\033[?1049h\\033[H\\033[2J'\nsleep 4\necho slow-tui-painted\nPS1='lap$ ' exec /bin/sh -i\n";
     let tmp = tempfile::tempdir().unwrap();
-    let bin = tmp.path().join("fake-bin");
-    write_script(&bin, "claude", SLOW_TUI);
-    let server = LapServer::start(&tmp.path().join("data"), &[("PATH", path_with(&bin))]).await;
-    let (s, _) = server
-        .call(
-            "POST",
-            &format!("{A}/agents"),
-            Some(json!({"name": "slow", "harness_id": "claude-code"})),
-        )
-        .await;
-    assert_eq!(s, 201);
+    let (_server, env) = server_with_fake_claude(tmp.path(), SLOW_TUI, "slow").await;
     let tmux = Tmux {
         socket: format!("lap-test-slow-{}", std::process::id()),
     };
-    let env = [
-        ("LAP_URL", server.url.clone()),
-        ("MASTER_KEY", server.key.clone()),
-        ("HOME", tmp.path().display().to_string()),
-    ];
     tmux.start(
         "t",
         &format!("{} slow; echo LAP-EXIT=$?; sleep 600", workspace_bin("lap").display()),

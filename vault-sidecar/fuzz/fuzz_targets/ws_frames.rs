@@ -14,57 +14,11 @@ use lap_vault_sidecar::fuzz::FrameRedactor;
 use lap_vault_sidecar::SecretSet;
 use libfuzzer_sys::fuzz_target;
 
-use common::{build_set, contains, expand, replace_reference, SECRETS};
+use common::{build_set, contains, frames, replace_reference, SECRETS};
 
 fn shared() -> Arc<SecretSet> {
     static SET: OnceLock<Arc<SecretSet>> = OnceLock::new();
     SET.get_or_init(|| Arc::new(build_set())).clone()
-}
-
-/// One frame: FIN, opcode, optional masking key, payload (RFC 6455 §5.2).
-fn frame(out: &mut Vec<u8>, fin: bool, opcode: u8, mask: Option<[u8; 4]>, payload: &[u8]) {
-    out.push(u8::from(fin) << 7 | opcode);
-    let m = if mask.is_some() { 0x80 } else { 0 };
-    match payload.len() {
-        n if n < 126 => out.push(m | n as u8),
-        n if n <= 0xFFFF => {
-            out.push(m | 126);
-            out.extend_from_slice(&(n as u16).to_be_bytes());
-        }
-        n => {
-            out.push(m | 127);
-            out.extend_from_slice(&(n as u64).to_be_bytes());
-        }
-    }
-    match mask {
-        Some(key) => {
-            out.extend_from_slice(&key);
-            out.extend(payload.iter().enumerate().map(|(i, b)| b ^ key[i % 4]));
-        }
-        None => out.extend_from_slice(payload),
-    }
-}
-
-/// Frames from a fuzz input: per frame a spec byte (opcode, FIN, mask, raw garbage), a length
-/// byte and that many input bytes expanded (stubs and real values among them).
-fn frames(mut data: &[u8]) -> Vec<u8> {
-    let mut out = Vec::new();
-    while data.len() >= 2 {
-        let (spec, len) = (data[0], data[1] as usize % 48);
-        data = &data[2..];
-        let take = len.min(data.len());
-        let payload = expand(&data[..take]);
-        data = &data[take..];
-        if spec & 0xF0 == 0xF0 {
-            // Raw bytes: whatever the parser makes of them.
-            out.extend_from_slice(&payload);
-            continue;
-        }
-        let opcode = [0x0, 0x1, 0x2, 0x8, 0x9, 0xA, 0x3, 0x1][(spec & 7) as usize];
-        let mask = (spec & 0x10 != 0).then_some([spec, 0x5a, 0xa5, len as u8]);
-        frame(&mut out, spec & 0x08 != 0 || opcode >= 0x8, opcode, mask, &payload);
-    }
-    out
 }
 
 /// Complete data messages `(opcode, payload)` and control frames `(opcode, payload)`, in order.
