@@ -530,14 +530,14 @@ pub(crate) async fn send(session: &str, text: &str) -> Result<ExitCode> {
     let mut out = std::io::stdout();
     let tty = std::io::stderr().is_terminal();
     let started = Instant::now();
-    // Until the agent's first event: say what is happening, with the time it has taken.
+    // Until the agent's first text: say what is happening, with the time it has taken.
     let mut waiting = true;
     let mut frame = 0usize;
     let mut last_note = Instant::now();
     let mut problems: std::collections::HashMap<String, usize> = std::collections::HashMap::new();
     let mut repeated: Option<(String, usize)> = None;
     if !tty {
-        eprintln!("Sent to {id}; waiting for the agent's first event…");
+        eprintln!("Sent to {id}; waiting for the agent's reply…");
     }
     let mut tick = tokio::time::interval(Duration::from_millis(120));
     let stop_waiting = |waiting: &mut bool| {
@@ -576,10 +576,10 @@ pub(crate) async fn send(session: &str, text: &str) -> Result<ExitCode> {
                     let secs = started.elapsed().as_secs();
                     if tty {
                         let again = repeated.as_ref().map(|(p, n)| format!(" · {p} ×{n}")).unwrap_or_default();
-                        eprint!("\r\x1b[2K  {} waiting for {id}'s first event ({secs}s){again}", SPINNER[frame % SPINNER.len()]);
+                        eprint!("\r\x1b[2K  {} waiting for {id}'s reply ({secs}s){again}", SPINNER[frame % SPINNER.len()]);
                         std::io::stderr().flush().ok();
                     } else if last_note.elapsed() >= Duration::from_secs(30) {
-                        eprintln!("  still waiting for the agent's first event ({secs}s)");
+                        eprintln!("  still waiting for the agent's reply ({secs}s)");
                         last_note = Instant::now();
                     }
                     frame += 1;
@@ -588,13 +588,21 @@ pub(crate) async fn send(session: &str, text: &str) -> Result<ExitCode> {
             }
         };
         let Some(chunk) = chunk else { break };
-        let chunk = chunk.context("the reply stream broke")?;
+        let chunk = match chunk {
+            Ok(chunk) => chunk,
+            Err(e) => {
+                stop_waiting(&mut waiting);
+                return Err(ended_early(&c, &id, &e.to_string()).await);
+            }
+        };
         for ev in parser.feed(&chunk) {
             match ev.event.as_str() {
                 "agent" => {
-                    stop_waiting(&mut waiting);
+                    // An event without text (the CLI's own start-up, a tool call) is no reply
+                    // yet: keep saying that lap is waiting, and what the vault sees meanwhile.
                     let v: Value = serde_json::from_str(&ev.data).unwrap_or_default();
                     if let Some(t) = agent_text(&v) {
+                        stop_waiting(&mut waiting);
                         if !shown.is_empty() {
                             writeln!(out)?;
                         }
@@ -639,7 +647,24 @@ pub(crate) async fn send(session: &str, text: &str) -> Result<ExitCode> {
         }
     }
     stop_waiting(&mut waiting);
-    bail!("the reply stream ended before the reply (`lap sessions` shows whether {id} is still ready)")
+    Err(ended_early(&c, &id, "it ended").await)
+}
+
+/// Why a reply stream ended before the reply, in words: the session stopped (or failed) during
+/// the turn, or the stream itself broke (`what`), the session still being as it was.
+async fn ended_early(c: &Client, id: &str, what: &str) -> anyhow::Error {
+    match c.session(id).await {
+        Ok(s) if s["status"] == "dead" || s["status"] == "failed" => {
+            let mut m = format!("session {id} is {} (stopped during the turn)", str_of(&s, "status"));
+            if let Some(r) = s["failure_reason"].as_str() {
+                m.push_str(&format!(": {r}"));
+            }
+            anyhow::anyhow!(m)
+        }
+        _ => anyhow::anyhow!(
+            "the reply stream broke before the reply ({what}); `lap sessions` shows whether {id} is still ready"
+        ),
+    }
 }
 
 pub(crate) async fn stop(session: &str, json: bool) -> Result<ExitCode> {

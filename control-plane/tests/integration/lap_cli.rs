@@ -403,7 +403,7 @@ async fn lap_works_with_sessions_by_agent_name_and_id_prefix() {
     // `lap send` by agent name: it says it is waiting, then the reply through the vault.
     let o = lap.ok(&["send", "coder", "hello"], "");
     assert_eq!(o.out.trim(), "echo:hello api:authorized", "{o:?}");
-    assert!(o.err.contains("waiting for the agent's first event"), "{o:?}");
+    assert!(o.err.contains("waiting for the agent's reply"), "{o:?}");
     assert!(standin.authorized.load(std::sync::atomic::Ordering::SeqCst) >= 1);
     // An error the agent already printed is not printed again.
     let o = lap.fails(&["send", &id, "fail"]);
