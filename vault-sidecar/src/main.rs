@@ -81,7 +81,8 @@ fn main() -> ExitCode {
     let text = match std::fs::read_to_string(&path) {
         Ok(text) => text,
         Err(e) => {
-            eprintln!("vault-sidecar: cannot read {}: {e}", path.display());
+            // As every config problem: `FILE: key: reason` (docs/sidecar.md, key `config`).
+            eprintln!("{}: config: cannot read {}: {e}", path.display(), path.display());
             return ExitCode::from(2);
         }
     };

@@ -991,6 +991,16 @@ hosts = ["api.anthropic.com"]
         "{stderr}"
     );
 
+    // A file that cannot be read is a problem of key `config`, in the same form.
+    let missing = dir.path().join("missing.toml");
+    let out = run_sidecar_cmd(&["check", &missing.to_string_lossy()]).await;
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(2), "{stderr}");
+    assert!(
+        stderr.starts_with(&format!("{}: config: cannot read ", missing.display())),
+        "{stderr}"
+    );
+
     // Starting with a bad config also exits 2 and never starts.
     let out = run_sidecar_cmd(&["--config", &bad.to_string_lossy()]).await;
     assert_eq!(out.status.code(), Some(2));
