@@ -20,14 +20,7 @@ use support::server::{on_path, LapServer};
 const MINUTE: Duration = Duration::from_secs(60);
 
 fn base_config(dir: &std::path::Path, standin: &StandIn) -> String {
-    let p = dir.join("base.toml");
-    let text = format!(
-        "upstream_ca_files = [{:?}]\n\n[resolve]\n\"api.anthropic.com:443\" = \"127.0.0.1:{}\"\n",
-        standin.ca_path.display().to_string(),
-        standin.port
-    );
-    std::fs::write(&p, text).unwrap();
-    p.display().to_string()
+    standin.base_config(dir).display().to_string()
 }
 
 fn port_of(url: &str) -> u16 {

@@ -15,15 +15,7 @@ use support::server::{on_path, LapServer};
 const A: &str = "/api/v1/managed_agents";
 
 fn base_config(dir: &std::path::Path, standin: &StandIn) -> std::path::PathBuf {
-    let p = dir.join("base.toml");
-    let text = format!(
-        "upstream_ca_files = [{:?}]\n\n[resolve]\n\"api.anthropic.com:443\" = \"127.0.0.1:{port}\"\n\
-         \"api.openai.com:443\" = \"127.0.0.1:{port}\"\n",
-        standin.ca_path.display().to_string(),
-        port = standin.port
-    );
-    std::fs::write(&p, text).unwrap();
-    p
+    standin.base_config(dir)
 }
 
 #[tokio::test(flavor = "multi_thread")]

@@ -27,14 +27,7 @@ use support::server::{sandbox_pids, LapServer};
 const A: &str = "/api/v1/managed_agents";
 
 fn base_config(dir: &Path, standin: &StandIn) -> String {
-    let p = dir.join("base.toml");
-    let text = format!(
-        "upstream_ca_files = [{:?}]\n\n[resolve]\n\"api.anthropic.com:443\" = \"127.0.0.1:{}\"\n",
-        standin.ca_path.display().to_string(),
-        standin.port
-    );
-    std::fs::write(&p, text).unwrap();
-    p.display().to_string()
+    standin.base_config(dir).display().to_string()
 }
 
 async fn agent(server: &LapServer, name: &str) -> String {

@@ -161,16 +161,7 @@ fn write_script(dir: &Path, name: &str, text: &str) {
 /// A server whose sessions run [`CLAUDE`] and reach the Anthropic stand-in through the vault.
 async fn server_with_standin(dir: &Path, real_key: &str) -> (LapServer, StandIn) {
     let standin = StandIn::start(real_key).await;
-    let base = dir.join("base.toml");
-    std::fs::write(
-        &base,
-        format!(
-            "upstream_ca_files = [{:?}]\n\n[resolve]\n\"api.anthropic.com:443\" = \"127.0.0.1:{}\"\n",
-            standin.ca_path.display().to_string(),
-            standin.port
-        ),
-    )
-    .unwrap();
+    let base = standin.base_config(dir);
     let bin = dir.join("fake-bin");
     write_script(&bin, "claude", CLAUDE);
     let path = format!("{}:{}", bin.display(), std::env::var("PATH").unwrap_or_default());

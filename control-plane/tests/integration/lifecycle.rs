@@ -60,14 +60,7 @@ fn sandbox_pids(server: &LapServer, sid: &str) -> Vec<i32> {
 }
 
 fn base_config(dir: &std::path::Path, standin: &StandIn) -> String {
-    let p = dir.join("base.toml");
-    let text = format!(
-        "upstream_ca_files = [{:?}]\n\n[resolve]\n\"api.anthropic.com:443\" = \"127.0.0.1:{}\"\n",
-        standin.ca_path.display().to_string(),
-        standin.port
-    );
-    std::fs::write(&p, text).unwrap();
-    p.display().to_string()
+    standin.base_config(dir).display().to_string()
 }
 
 #[tokio::test(flavor = "multi_thread")]

@@ -58,16 +58,7 @@ async fn bash(script: &str, cwd: &Path, env: &[(&str, String)]) -> (bool, String
 /// `.lap/master_key`), its sessions sending api.anthropic.com to a stand-in that answers `real`.
 async fn checkout_with_server(tmp: &Path, real: &str) -> (PathBuf, LapServer, StandIn) {
     let standin = StandIn::start(real).await;
-    let base = tmp.join("base.toml");
-    std::fs::write(
-        &base,
-        format!(
-            "upstream_ca_files = [{:?}]\n[resolve]\n\"api.anthropic.com:443\" = \"127.0.0.1:{}\"\n",
-            standin.ca_path.display().to_string(),
-            standin.port
-        ),
-    )
-    .unwrap();
+    let base = standin.base_config(tmp);
     let cwd = tmp.join("checkout");
     std::fs::create_dir(&cwd).unwrap();
     let server = LapServer::start(

@@ -40,17 +40,7 @@ fn obedient_path(dir: &std::path::Path) -> String {
 }
 
 fn base_config(dir: &std::path::Path, standin: &StandIn) -> String {
-    let p = dir.join("base.toml");
-    std::fs::write(
-        &p,
-        format!(
-            "upstream_ca_files = [{:?}]\n\n[resolve]\n\"api.anthropic.com:443\" = \"127.0.0.1:{}\"\n",
-            standin.ca_path.display().to_string(),
-            standin.port
-        ),
-    )
-    .unwrap();
-    p.display().to_string()
+    standin.base_config(dir).display().to_string()
 }
 
 async fn session(server: &LapServer, name: &str, env_vars: Value) -> Value {

@@ -666,16 +666,7 @@ async fn lap_agent_in_tmux_detaches_and_reattaches_to_the_same_session() {
     );
     let standin = StandIn::start(&real).await;
     let tmp = tempfile::tempdir().unwrap();
-    let base = tmp.path().join("base.toml");
-    std::fs::write(
-        &base,
-        format!(
-            "upstream_ca_files = [{:?}]\n\n[resolve]\n\"api.anthropic.com:443\" = \"127.0.0.1:{}\"\n",
-            standin.ca_path.display().to_string(),
-            standin.port
-        ),
-    )
-    .unwrap();
+    let base = standin.base_config(tmp.path());
     let server = LapServer::start(
         &tmp.path().join("data"),
         &[("LAP_SIDECAR_BASE_CONFIG", base.display().to_string())],

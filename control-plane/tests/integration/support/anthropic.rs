@@ -160,6 +160,20 @@ fn openai(
 }
 
 impl StandIn {
+    /// A `LAP_SIDECAR_BASE_CONFIG` file in `dir` (`base.toml`) sending api.anthropic.com and
+    /// api.openai.com to this stand-in, trusting its CA toward upstreams.
+    pub fn base_config(&self, dir: &std::path::Path) -> PathBuf {
+        let p = dir.join("base.toml");
+        let text = format!(
+            "upstream_ca_files = [{:?}]\n\n[resolve]\n\"api.anthropic.com:443\" = \"127.0.0.1:{port}\"\n\
+             \"api.openai.com:443\" = \"127.0.0.1:{port}\"\n",
+            self.ca_path.display().to_string(),
+            port = self.port
+        );
+        std::fs::write(&p, text).unwrap();
+        p
+    }
+
     pub async fn start(real_key: &str) -> StandIn {
         let dir = tempfile::tempdir().unwrap();
         let pki = TestPki::new("LAP e2e test CA", &["api.anthropic.com", "api.openai.com"]);
