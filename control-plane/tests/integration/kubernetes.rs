@@ -143,6 +143,23 @@ fn watches<'a>(log: &'a [String], plural: &str) -> Vec<&'a String> {
         .collect()
 }
 
+/// Wait until the backend has judged every change to the Sandbox `name` so far: a watch on
+/// sandboxes has resumed from its current resourceVersion or later. Watches must be cut after
+/// each event (`cut_next_watches`), so that each resumption follows the judging of one event.
+async fn wait_judged(fake: &FakeKube, name: &str) {
+    let sb = fake.get("sandboxes", NS, name).expect("the Sandbox exists");
+    let rv: u64 = sb["metadata"]["resourceVersion"].as_str().unwrap().parse().unwrap();
+    fake.wait_requests("the watch to resume past the last change", |log| {
+        watches(log, "sandboxes").iter().any(|w| {
+            w.split(['?', '&'])
+                .find_map(|kv| kv.strip_prefix("resourceVersion="))
+                .and_then(|v| v.parse::<u64>().ok())
+                .is_some_and(|from| from >= rv)
+        })
+    })
+    .await;
+}
+
 fn lists<'a>(log: &'a [String], plural: &str) -> Vec<&'a String> {
     log.iter()
         .filter(|l| l.starts_with("GET ") && l.contains(&format!("/{plural}?")) && !l.contains("watch=true"))
@@ -177,7 +194,7 @@ async fn ready_session(s: &Setup, session: &str) -> SandboxHandle {
 #[tokio::test]
 async fn create_waits_for_ready_across_a_resumed_watch() {
     let Setup { fake, backend, .. } = setup().await;
-    fake.cut_next_watches("sandboxes", 1);
+    fake.cut_next_watches("sandboxes", usize::MAX);
     let task = start_create(&backend, spec("ses_one"));
 
     let name = "lap-ses-one";
@@ -222,8 +239,8 @@ async fn create_waits_for_ready_across_a_resumed_watch() {
     let pod = fake.wait_pod(NS, name).await;
     assert_eq!(pod, name);
     fake.wait_object("services", NS, name).await;
-    // The kubelet starts the pod (not Ready yet): the first watch delivers that change and is
-    // cut; the watcher resumes from its resourceVersion.
+    // The kubelet starts the pod (not Ready yet). Every watch ends after one event; the
+    // watcher resumes from its resourceVersion each time, without listing again.
     fake.wait_requests("the first watch", |l| !watches(l, "sandboxes").is_empty())
         .await;
     fake.pod_running(NS, &pod, IP, false);
@@ -236,7 +253,7 @@ async fn create_waits_for_ready_across_a_resumed_watch() {
         1,
         "resumed without a new list: {log:#?}"
     );
-    tokio::time::sleep(Duration::from_millis(300)).await; // let a wrong early answer show
+    wait_judged(&fake, name).await;
     assert!(!task.is_finished(), "ready before the Ready condition");
 
     fake.pod_running(NS, &pod, IP, true);
@@ -553,6 +570,7 @@ async fn liveness_reads_expiry_suspension_and_terminal_pods() {
 async fn n14_status_combinations() {
     let s = setup().await;
     s.fake.pause_controller(true);
+    s.fake.cut_next_watches("sandboxes", usize::MAX);
     let task = start_create(&s.backend, spec("ses_n14"));
     let name = name_of("ses_n14");
     let sb = s.fake.wait_object("sandboxes", NS, &name).await;
@@ -567,7 +585,7 @@ async fn n14_status_combinations() {
     );
     // (e) an older generation's Ready.
     s.fake.write_status("sandboxes", NS, &name, json!({"podIPs": [IP], "conditions": [c("Ready", "True", "DependenciesReady", generation - 1, "2026-01-02T00:00:00Z")]}));
-    tokio::time::sleep(Duration::from_millis(300)).await; // let a wrong early answer show
+    wait_judged(&s.fake, &name).await;
     assert!(!task.is_finished(), "ready without a pod IP or at an old generation");
     // (a) stale Suspended=True (older) and Ready=True at this generation with an IP.
     s.fake.write_status(
