@@ -190,6 +190,40 @@ fn log_tail(path: &Path, lines: usize) -> String {
     all[all.len().saturating_sub(lines)..].join("\n")
 }
 
+/// The last `n` lines of a file, read backwards from its end in 64 KiB blocks, so that a
+/// long-lived session's log costs what the answer holds, not the file's size. Bytes that are
+/// not UTF-8 are replaced (U+FFFD); a last line without its newline counts as a line.
+fn last_lines(path: &Path, n: usize) -> std::io::Result<Vec<String>> {
+    use std::io::{Read, Seek, SeekFrom};
+    const BLOCK: u64 = 64 * 1024;
+    let mut file = std::fs::File::open(path)?;
+    let len = file.seek(SeekFrom::End(0))?;
+    let mut start = len;
+    let mut tail: Vec<u8> = Vec::new();
+    // Stop once the bytes read hold more than `n` line ends (one more for the partial line
+    // before them), or at the start of the file.
+    while start > 0 {
+        let step = BLOCK.min(start);
+        start -= step;
+        let mut block = vec![0; step as usize];
+        file.seek(SeekFrom::Start(start))?;
+        file.read_exact(&mut block)?;
+        block.extend_from_slice(&tail);
+        tail = block;
+        let body = tail.strip_suffix(b"\n").unwrap_or(&tail);
+        if body.iter().filter(|&&b| b == b'\n').count() >= n {
+            break;
+        }
+    }
+    let text = String::from_utf8_lossy(&tail);
+    let mut lines: Vec<&str> = text.lines().collect();
+    if start > 0 {
+        lines.remove(0); // begins mid-line
+    }
+    let from = lines.len().saturating_sub(n);
+    Ok(lines[from..].iter().map(|l| (*l).to_owned()).collect())
+}
+
 /// Why the harness (or bubblewrap around it) stopped during start-up, from its log: the
 /// harness's own `lap-harness: fatal: …`, bubblewrap's `bwrap: …`, else the log's last lines;
 /// `ended` is how the process ended (` (exit status: 3)`), when known.
@@ -1048,21 +1082,17 @@ impl SandboxBackend for LocalBackend {
         } else {
             self.logs_dir(session_id).join(file)
         };
-        match std::fs::read(&path) {
-            Ok(bytes) => {
-                let text = String::from_utf8_lossy(&bytes);
-                let lines: Vec<&str> = text.lines().collect();
-                Ok(Some(
-                    lines[lines.len().saturating_sub(tail)..]
-                        .iter()
-                        .map(|l| (*l).to_owned())
-                        .collect(),
-                ))
-            }
-            Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(None),
-            Err(e) => Err(BackendError::Io {
+        let read = path.clone();
+        match tokio::task::spawn_blocking(move || last_lines(&read, tail)).await {
+            Ok(Ok(lines)) => Ok(Some(lines)),
+            Ok(Err(e)) if e.kind() == std::io::ErrorKind::NotFound => Ok(None),
+            Ok(Err(e)) => Err(BackendError::Io {
                 what: format!("cannot read {}", path.display()),
                 source: e,
+            }),
+            Err(e) => Err(BackendError::Io {
+                what: format!("cannot read {}", path.display()),
+                source: std::io::Error::other(e),
             }),
         }
     }
@@ -1133,6 +1163,29 @@ mod tests {
     #![allow(clippy::unwrap_used)]
     use super::*;
     use lap_vault_config::SecretSpec;
+
+    /// `last_lines` reads from the end and agrees with reading the whole file, across block
+    /// boundaries, with and without a final newline, and with bytes that are not UTF-8.
+    #[test]
+    fn last_lines_agrees_with_reading_the_whole_file() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("log");
+        let mut text = Vec::new();
+        for i in 0..20_000 {
+            text.extend_from_slice(format!("line {i} {}\n", "x".repeat(i % 37)).as_bytes());
+        }
+        text.extend_from_slice(b"bad \xff byte\n\nlast without newline");
+        std::fs::write(&path, &text).unwrap();
+        let whole = String::from_utf8_lossy(&text).lines().map(str::to_owned).collect::<Vec<_>>();
+        for n in [1, 2, 3, 100, 2_000, 5_000, 19_999, 20_003, 30_000] {
+            let want = &whole[whole.len().saturating_sub(n)..];
+            assert_eq!(last_lines(&path, n).unwrap(), want, "n = {n}");
+        }
+        std::fs::write(&path, b"").unwrap();
+        assert!(last_lines(&path, 5).unwrap().is_empty());
+        let e = last_lines(&dir.path().join("absent"), 5).unwrap_err();
+        assert_eq!(e.kind(), std::io::ErrorKind::NotFound);
+    }
 
     fn spec() -> SandboxSpec {
         SandboxSpec {
