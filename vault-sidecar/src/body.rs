@@ -11,7 +11,8 @@ use http::HeaderMap;
 use http_body::{Body, Frame, SizeHint};
 use pin_project_lite::pin_project;
 
-use crate::rewrite::{Exfiltration, StreamRewriter, StubScanner};
+use crate::decode::{DecodingScanner, ScanRefusal};
+use crate::rewrite::{StreamRewriter, StubScanner};
 use crate::secrets::SecretSet;
 use crate::upstream::BoxError;
 
@@ -79,28 +80,55 @@ impl<B> StreamBody<B> {
     }
 }
 
-/// Called with the stub a [`Tripwire`] refused (once: the body ends there).
-pub(crate) type OnTrip = Box<dyn FnOnce(Exfiltration) + Send>;
+/// Called with what a [`Tripwire`] refused (once: the body ends there).
+pub(crate) type OnTrip = Box<dyn FnOnce(ScanRefusal) + Send>;
 
-/// A [`StubScanner`] over a streaming request body, and what to do with the stub it refuses.
+/// What a [`Tripwire`] reads a streaming request body with.
+pub(crate) enum Scan {
+    /// An identity body: the bytes as they are.
+    Plain(StubScanner),
+    /// A compressed body (`Content-Encoding`): the bytes decoded, forwarded as they came.
+    Decoding(DecodingScanner),
+}
+
+/// A scanner over a streaming request body, and what to do with the stub it refuses.
 pub(crate) struct Tripwire {
-    pub(crate) scanner: StubScanner,
+    pub(crate) scan: Scan,
     pub(crate) secrets: Arc<SecretSet>,
     pub(crate) on_trip: Option<OnTrip>,
 }
 
 impl Tripwire {
-    fn check(&mut self, bytes: &[u8]) -> Result<(), BoxError> {
-        self.scanner.push(&self.secrets, bytes).map_err(|ex| {
-            let msg = format!(
+    /// Look at the next data frame.
+    fn check_data(&mut self, bytes: &[u8]) -> Result<(), BoxError> {
+        let found = match &mut self.scan {
+            Scan::Plain(s) => s.push(&self.secrets, bytes).map_err(ScanRefusal::Stub),
+            Scan::Decoding(d) => d.push(bytes),
+        };
+        found.map_err(|r| self.tripped(r))
+    }
+
+    /// Look at a trailer's name or value (never compressed).
+    fn check_plain(&mut self, bytes: &[u8]) -> Result<(), BoxError> {
+        let found = match &mut self.scan {
+            Scan::Plain(s) => s.push(&self.secrets, bytes),
+            Scan::Decoding(d) => d.push_plain(bytes),
+        };
+        found.map_err(|ex| self.tripped(ScanRefusal::Stub(ex)))
+    }
+
+    fn tripped(&mut self, refusal: ScanRefusal) -> BoxError {
+        let msg = match &refusal {
+            ScanRefusal::Stub(ex) => format!(
                 "the request body carries the stub of {}, which is not bound to this host",
                 ex.secret
-            );
-            if let Some(on_trip) = self.on_trip.take() {
-                on_trip(ex);
-            }
-            BoxError::from(msg)
-        })
+            ),
+            ScanRefusal::Corrupt(reason) => reason.clone(),
+        };
+        if let Some(on_trip) = self.on_trip.take() {
+            on_trip(refusal);
+        }
+        BoxError::from(msg)
     }
 }
 
@@ -121,7 +149,7 @@ where
             match ready!(this.inner.as_mut().poll_frame(cx)) {
                 Some(Ok(frame)) => match frame.into_data() {
                     Ok(data) => {
-                        if let Some(Err(e)) = this.tripwire.as_mut().map(|t| t.check(&data)) {
+                        if let Some(Err(e)) = this.tripwire.as_mut().map(|t| t.check_data(&data)) {
                             *this.done = true;
                             return Poll::Ready(Some(Err(e)));
                         }
@@ -142,8 +170,8 @@ where
                         if let (Some(t), Some(trailers)) = (this.tripwire.as_mut(), this.trailers.as_ref()) {
                             for (name, value) in trailers {
                                 let checked = t
-                                    .check(name.as_str().as_bytes())
-                                    .and_then(|()| t.check(value.as_bytes()));
+                                    .check_plain(name.as_str().as_bytes())
+                                    .and_then(|()| t.check_plain(value.as_bytes()));
                                 if let Err(e) = checked {
                                     *this.trailers = None;
                                     return Poll::Ready(Some(Err(e)));

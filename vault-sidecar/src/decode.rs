@@ -6,8 +6,14 @@
 //! format, RFC 9110 §8.4.1.2), `br`, `zstd`), decodes what comes back ([`decoded`]) and hands the
 //! client the identity body, redacted. A coding it cannot decode fails closed: the caller answers
 //! 502 `undecodable-encoding` ([`codings`] names it).
+//!
+//! A compressed request body is forwarded as the client sent it, but the stub tripwire reads it
+//! decoded ([`DecodingScanner`]): the same codings, decoded as the chunks go by, so a body toward
+//! a host some stub is not bound to cannot hide that stub in gzip. A coding the sidecar cannot
+//! decode is refused (`415`), as is a body that does not decode.
 
-use std::io;
+use std::io::{self, Write};
+use std::sync::{Arc, Mutex, PoisonError};
 
 use async_compression::tokio::bufread::{BrotliDecoder, GzipDecoder, ZlibDecoder, ZstdDecoder};
 use http::HeaderValue;
@@ -15,6 +21,8 @@ use http_body_util::BodyExt;
 use tokio::io::{AsyncBufRead, BufReader};
 use tokio_util::io::{ReaderStream, StreamReader};
 
+use crate::rewrite::{Exfiltration, StubScanner};
+use crate::secrets::SecretSet;
 use crate::upstream::{BoxError, ProxyBody};
 
 /// A content coding the sidecar decodes (RFC 9110 §8.4.1).
@@ -27,6 +35,15 @@ pub(crate) enum Coding {
 }
 
 impl Coding {
+    fn name(self) -> &'static str {
+        match self {
+            Self::Gzip => "gzip",
+            Self::Deflate => "deflate",
+            Self::Br => "br",
+            Self::Zstd => "zstd",
+        }
+    }
+
     fn parse(name: &str) -> Option<Option<Self>> {
         match name.to_ascii_lowercase().as_str() {
             "identity" | "" => Some(None),
@@ -97,6 +114,116 @@ pub(crate) fn decoded(body: ProxyBody, codings: &[Coding]) -> ProxyBody {
         r.map(hyper::body::Frame::data).map_err(BoxError::from)
     });
     http_body_util::StreamBody::new(stream).boxed_unsync()
+}
+
+/// Why a [`DecodingScanner`] refused a chunk.
+#[derive(Debug)]
+pub(crate) enum ScanRefusal {
+    /// The decoded bytes carry a stub the scanner refuses.
+    Stub(Exfiltration),
+    /// The bytes are not valid for their coding (a sentence for people).
+    Corrupt(String),
+}
+
+/// The [`StubScanner`] at the end of a chain of write-side decoders, and what it found.
+struct ScanState {
+    scanner: StubScanner,
+    secrets: Arc<SecretSet>,
+    found: Option<Exfiltration>,
+}
+
+/// The innermost writer: decoded bytes go through the scanner; a stub ends the write with an error.
+struct ScanSink(Arc<Mutex<ScanState>>);
+
+impl Write for ScanSink {
+    fn write(&mut self, buf: &[u8]) -> io::Result<usize> {
+        let mut state = self.0.lock().unwrap_or_else(PoisonError::into_inner);
+        let ScanState {
+            scanner,
+            secrets,
+            found,
+        } = &mut *state;
+        match scanner.push(secrets, buf) {
+            Ok(()) => Ok(buf.len()),
+            Err(ex) => {
+                *found = Some(ex);
+                Err(io::Error::other("stub"))
+            }
+        }
+    }
+
+    fn flush(&mut self) -> io::Result<()> {
+        Ok(())
+    }
+}
+
+/// The stub tripwire over a compressed body: compressed chunks in ([`DecodingScanner::push`]),
+/// decoded by the codings in turn (flate2, brotli, zstd), and the decoded bytes through a
+/// [`StubScanner`]. Each chunk is decoded as far as it goes before `push` returns, so a stub is
+/// found before the chunk that completes it is forwarded. Memory stays bounded by the decoders'
+/// windows: the decoded bytes are scanned, not kept.
+pub(crate) struct DecodingScanner {
+    input: Box<dyn Write + Send>,
+    state: Arc<Mutex<ScanState>>,
+    codings: String,
+    failed: bool,
+}
+
+impl DecodingScanner {
+    /// `codings` as [`codings`] returns them (in the order they were applied).
+    pub(crate) fn new(codings: &[Coding], scanner: StubScanner, secrets: Arc<SecretSet>) -> io::Result<Self> {
+        let state = Arc::new(Mutex::new(ScanState {
+            scanner,
+            secrets,
+            found: None,
+        }));
+        // The first coding applied is undone last: it wraps the sink; the last applied takes the input.
+        let mut w: Box<dyn Write + Send> = Box::new(ScanSink(state.clone()));
+        for coding in codings {
+            w = match coding {
+                Coding::Gzip => Box::new(flate2::write::MultiGzDecoder::new(w)),
+                Coding::Deflate => Box::new(flate2::write::ZlibDecoder::new(w)),
+                Coding::Br => Box::new(brotli::DecompressorWriter::new(w, 4096)),
+                Coding::Zstd => Box::new(zstd::stream::write::Decoder::new(w)?),
+            };
+        }
+        let names: Vec<&str> = codings.iter().map(|c| c.name()).collect();
+        Ok(Self {
+            input: w,
+            state,
+            codings: names.join(", "),
+            failed: false,
+        })
+    }
+
+    /// Decode and scan the next compressed chunk.
+    pub(crate) fn push(&mut self, compressed: &[u8]) -> Result<(), ScanRefusal> {
+        if self.failed {
+            return Err(ScanRefusal::Corrupt(format!(
+                "the request body is not valid {}",
+                self.codings
+            )));
+        }
+        let wrote = self.input.write_all(compressed).and_then(|()| self.input.flush());
+        wrote.map_err(|e| {
+            self.failed = true;
+            let found = self.state.lock().unwrap_or_else(PoisonError::into_inner).found.take();
+            match found {
+                Some(ex) => ScanRefusal::Stub(ex),
+                None => {
+                    tracing::debug!(error = %e, codings = %self.codings, "request body does not decode");
+                    ScanRefusal::Corrupt(format!("the request body is not valid {}", self.codings))
+                }
+            }
+        })
+    }
+
+    /// Scan bytes that are not compressed (trailers) with the same scanner.
+    pub(crate) fn push_plain(&mut self, bytes: &[u8]) -> Result<(), Exfiltration> {
+        let mut state = self.state.lock().unwrap_or_else(PoisonError::into_inner);
+        let ScanState { scanner, secrets, .. } = &mut *state;
+        scanner.push(secrets, bytes)
+    }
 }
 
 #[cfg(test)]

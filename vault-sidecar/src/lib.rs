@@ -72,6 +72,30 @@ pub mod fuzz {
             .map_err(|e| e.to_string())
     }
 
+    /// The request-body tripwire over a body with `Content-Encoding: content_encoding`: `chunks`
+    /// pushed in order through `scanner` after decoding. `Ok(true)` when it refused a stub,
+    /// `Ok(false)` when every chunk passed, `Err` when the coding is unknown or the body does not
+    /// decode.
+    pub fn scan_compressed<'a>(
+        content_encoding: &str,
+        scanner: StubScanner,
+        secrets: std::sync::Arc<crate::SecretSet>,
+        chunks: impl IntoIterator<Item = &'a [u8]>,
+    ) -> Result<bool, String> {
+        use crate::decode::{DecodingScanner, ScanRefusal};
+        let value = http::HeaderValue::from_str(content_encoding).map_err(|e| e.to_string())?;
+        let codings = crate::decode::codings(&value)?;
+        let mut d = DecodingScanner::new(&codings, scanner, secrets).map_err(|e| e.to_string())?;
+        for chunk in chunks {
+            match d.push(chunk) {
+                Ok(()) => {}
+                Err(ScanRefusal::Stub(_)) => return Ok(true),
+                Err(ScanRefusal::Corrupt(reason)) => return Err(reason),
+            }
+        }
+        Ok(false)
+    }
+
     /// What the sidecar offers upstream for a client's `Accept-Encoding` (`None`: no header).
     pub fn offer(accept_encoding: &str) -> Option<String> {
         let value = http::HeaderValue::from_str(accept_encoding).ok()?;

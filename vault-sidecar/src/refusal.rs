@@ -52,6 +52,9 @@ pub(crate) enum ErrorKind {
     UpstreamProtocol,
     /// The upstream answered with a `Content-Encoding` the sidecar cannot decode to redact.
     UndecodableEncoding,
+    /// A request body the tripwire must read has a `Content-Encoding` the sidecar cannot decode
+    /// (RFC 9110 §15.5.16).
+    UnsupportedRequestEncoding,
     Dns,
     Connect,
     ConnectTimeout,
@@ -71,6 +74,7 @@ impl ErrorKind {
             Self::InvalidSecretValue => "invalid-secret-value",
             Self::UpstreamProtocol => "upstream-protocol",
             Self::UndecodableEncoding => "undecodable-encoding",
+            Self::UnsupportedRequestEncoding => "unsupported-request-encoding",
             Self::Dns => "dns",
             Self::Connect => "connect",
             Self::ConnectTimeout => "connect-timeout",
@@ -82,12 +86,14 @@ impl ErrorKind {
         }
     }
 
-    /// `400` for the client's own mistakes, `421` for a misdirected request, `500` when a secret
+    /// `400` for the client's own mistakes, `421` for a misdirected request, `415` for a request
+    /// body coding the tripwire cannot read, `500` when a secret
     /// cannot be used, `504` for timeouts, `502` for everything the upstream did.
     pub(crate) fn status(self) -> StatusCode {
         match self {
             Self::BadRequest => StatusCode::BAD_REQUEST,
             Self::Misdirected => StatusCode::MISDIRECTED_REQUEST,
+            Self::UnsupportedRequestEncoding => StatusCode::UNSUPPORTED_MEDIA_TYPE,
             Self::InvalidSecretValue => StatusCode::INTERNAL_SERVER_ERROR,
             Self::ConnectTimeout | Self::TlsHandshakeTimeout | Self::UpstreamResponseTimeout => {
                 StatusCode::GATEWAY_TIMEOUT

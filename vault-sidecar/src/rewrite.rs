@@ -151,6 +151,7 @@ impl<'a> HostRules<'a> {
             location,
             keep: longest * 2 + 4,
             tail: Vec::new(),
+            decoded: Vec::new(),
         })
     }
 
@@ -240,6 +241,8 @@ impl<'a> HostRules<'a> {
         let current = swapped.as_deref().unwrap_or(value);
         if let Some(encoded) = basic_credentials(current) {
             if let Ok(decoded) = BASE64.decode(encoded.trim_ascii()) {
+                // The credentials as the host reads them: encoded stubs inside refuse too.
+                self.tripwire(&decoded, Location::Header)?;
                 let inside = |secret: &Secret, _: usize| secret.surfaces.header(name).is_some();
                 if let Some(inner) = self.swap(ac, &decoded, Location::Header, injections, inside)? {
                     let scheme_len = current.len() - encoded.len();
@@ -372,9 +375,11 @@ impl<'a> HostRules<'a> {
 }
 
 /// The tripwire over a stream (a request body that is not buffered, WebSocket messages from the
-/// client): finds a stub of a secret the host is not bound to, as written or base64/JSON-encoded,
-/// across chunk boundaries. It only looks: the caller forwards a chunk once [`StubScanner::push`]
-/// has passed it, so a stub is refused before its last byte leaves (its first bytes may have).
+/// client): finds a stub of a secret the host is not bound to, as written, base64/JSON-encoded or
+/// percent-encoded (up to [`MAX_DECODES`] levels, as [`HostRules::tripwire`] decodes a whole
+/// input), across chunk boundaries. It only looks: the caller forwards a chunk once
+/// [`StubScanner::push`] has passed it, so a stub is refused before its last byte leaves (its
+/// first bytes may have).
 #[derive(Debug, Clone)]
 pub struct StubScanner {
     /// Which secrets the host is bound to, by index.
@@ -383,48 +388,112 @@ pub struct StubScanner {
     /// Bytes of the previous chunks kept, so a pattern across a boundary is found.
     keep: usize,
     tail: Vec<u8>,
+    /// The stream percent-decoded once, twice, …: a level starts at the first `%` in the one
+    /// before it (until then it equals that one, which is already searched).
+    decoded: Vec<DecodedLevel>,
+}
+
+/// One percent-decoded form of the stream.
+#[derive(Debug, Clone, Default)]
+struct DecodedLevel {
+    /// An escape cut by the chunk boundary (`%`, or `%` and one hex digit), decoded with the
+    /// next chunk.
+    pending: Vec<u8>,
+    /// The decoded bytes kept, as [`StubScanner::tail`].
+    tail: Vec<u8>,
+}
+
+impl DecodedLevel {
+    /// The next chunk of this level from the next chunk of the level before (RFC 3986 §2.1).
+    fn decode<'a>(&mut self, input: &'a [u8]) -> std::borrow::Cow<'a, [u8]> {
+        if self.pending.is_empty() && !input.contains(&b'%') {
+            return input.into();
+        }
+        let mut buf = std::mem::take(&mut self.pending);
+        buf.extend_from_slice(input);
+        let n = buf.len();
+        let held = if buf.last() == Some(&b'%') {
+            1
+        } else if n >= 2 && buf[n - 2] == b'%' && buf[n - 1].is_ascii_hexdigit() {
+            2
+        } else {
+            0
+        };
+        self.pending = buf.split_off(n - held);
+        percent_encoding::percent_decode(&buf).collect::<Vec<u8>>().into()
+    }
 }
 
 impl StubScanner {
     /// Look at the next chunk (of the same stream as the previous ones).
     pub fn push(&mut self, set: &SecretSet, chunk: &[u8]) -> Result<(), Exfiltration> {
-        let window: std::borrow::Cow<'_, [u8]> = if self.tail.is_empty() {
-            chunk.into()
-        } else {
-            let mut w = std::mem::take(&mut self.tail);
-            w.extend_from_slice(chunk);
-            w.into()
+        let (bound, keep, location) = (&self.bound, self.keep, self.location);
+        let refuse = |id: usize| Exfiltration {
+            secret: set.secrets()[id].name.clone(),
+            location,
+            why: StubRefusal::Unbound,
         };
-        let bound = &self.bound;
-        let refuse = |id: usize| -> Exfiltration {
-            Exfiltration {
-                secret: set.secrets()[id].name.clone(),
-                location: self.location,
-                why: StubRefusal::Unbound,
+        // The tail before this chunk starts the next level's, should this chunk start it.
+        let mut before = (self.decoded.is_empty() && chunk.contains(&b'%')).then(|| self.tail.clone());
+        search(set, bound, keep, &mut self.tail, chunk).map_err(refuse)?;
+        let mut input = std::borrow::Cow::Borrowed(chunk);
+        for depth in 0..MAX_DECODES {
+            if depth == self.decoded.len() {
+                let Some(tail) = before.take() else { break };
+                self.decoded.push(DecodedLevel {
+                    pending: Vec::new(),
+                    tail,
+                });
             }
-        };
-        if let Some(ac) = set.stub_automaton() {
-            if let Some(id) = ac
-                .find_iter(&window)
-                .map(|m| m.pattern().as_usize())
-                .find(|&id| !bound[id])
-            {
-                return Err(refuse(id));
+            let last = depth + 1 == self.decoded.len();
+            let level = &mut self.decoded[depth];
+            // Borrowed: no escape in this chunk, the level's chunk is the one before's.
+            let changed = match level.decode(&input) {
+                std::borrow::Cow::Owned(v) => Some(v),
+                std::borrow::Cow::Borrowed(_) => None,
+            };
+            let out = changed.as_deref().unwrap_or(&input);
+            before = (last && out.contains(&b'%')).then(|| level.tail.clone());
+            search(set, bound, keep, &mut level.tail, out).map_err(refuse)?;
+            if let Some(v) = changed {
+                input = v.into();
             }
         }
-        if let Some((ac, ids)) = set.encoded_stub_automaton() {
-            if let Some(id) = ac
-                .find_iter(&window)
-                .map(|m| ids[m.pattern().as_usize()])
-                .find(|&id| !bound[id])
-            {
-                return Err(refuse(id));
-            }
-        }
-        let from = window.len().saturating_sub(self.keep);
-        self.tail = window[from..].to_vec();
         Ok(())
     }
+}
+
+/// Search `tail` and `chunk` for a stub (or an encoded form of one) of a secret not `bound`, and
+/// keep the last `keep` bytes in `tail`; `Err` names the secret, by index.
+fn search(set: &SecretSet, bound: &[bool], keep: usize, tail: &mut Vec<u8>, chunk: &[u8]) -> Result<(), usize> {
+    let window: std::borrow::Cow<'_, [u8]> = if tail.is_empty() {
+        chunk.into()
+    } else {
+        let mut w = std::mem::take(tail);
+        w.extend_from_slice(chunk);
+        w.into()
+    };
+    if let Some(ac) = set.stub_automaton() {
+        if let Some(id) = ac
+            .find_iter(&window)
+            .map(|m| m.pattern().as_usize())
+            .find(|&id| !bound[id])
+        {
+            return Err(id);
+        }
+    }
+    if let Some((ac, ids)) = set.encoded_stub_automaton() {
+        if let Some(id) = ac
+            .find_iter(&window)
+            .map(|m| ids[m.pattern().as_usize()])
+            .find(|&id| !bound[id])
+        {
+            return Err(id);
+        }
+    }
+    let from = window.len().saturating_sub(keep);
+    *tail = window[from..].to_vec();
+    Ok(())
 }
 
 /// An `Authorization` value's scheme and the offset where its credentials start (RFC 9110
@@ -953,6 +1022,58 @@ mod tests {
         out
     }
 
+    /// Basic credentials are read as the host reads them: a stub percent-encoded inside the
+    /// base64 toward a host it is not bound to refuses (found by the header_value fuzz target).
+    #[test]
+    fn a_percent_encoded_stub_inside_basic_credentials_refuses() {
+        use base64::Engine as _;
+        let set = set();
+        let rules = HostRules::new(&set, &host("api.anthropic.com"), 443);
+        let creds = base64::engine::general_purpose::STANDARD.encode("user:%67hp_STUBbbbbbbbb");
+        let e = rules
+            .header_value(
+                "authorization",
+                format!("Basic {creds}").as_bytes(),
+                &mut Injections::default(),
+            )
+            .expect_err("refused");
+        assert_eq!((e.secret.as_str(), e.why), ("GITHUB_TOKEN", StubRefusal::Unbound));
+    }
+
+    /// A stream toward a host the stub isn't bound to, fed `chunk` bytes at a time.
+    fn scan_in_chunks(stream: &[u8], chunk: usize) -> Result<(), Exfiltration> {
+        let set = set();
+        let rules = HostRules::new(&set, &host("attacker.example"), 443);
+        let mut scanner = rules.stub_scanner(Location::Body).expect("unbound secrets");
+        stream.chunks(chunk).try_for_each(|c| scanner.push(&set, c))
+    }
+
+    /// Percent-encoded stubs in a streamed body are refused as in a body read whole: once or
+    /// twice encoded (`%25`), in any case, with an escape cut by a chunk boundary.
+    #[test]
+    fn streamed_percent_encoded_stubs_are_refused_at_any_chunking() {
+        let once = b"q=%73k-ant-STUB-aaaa&x=1".to_vec();
+        let twice = b"q=%2573k%252Dant-STUB-aaaa".to_vec();
+        let every = b"q=%67%68%70%5F%53%54%55%42%62%62%62%62%62%62%62%62".to_vec();
+        for stream in [&once, &twice, &every] {
+            let whole = HostRules::new(&set(), &host("attacker.example"), 443).tripwire(stream, Location::Body);
+            assert!(whole.is_err(), "{}", String::from_utf8_lossy(stream));
+            for chunk in 1..=stream.len() {
+                let e = scan_in_chunks(stream, chunk).expect_err("refused");
+                assert_eq!(
+                    e.secret,
+                    whole.as_ref().expect_err("refused whole").secret,
+                    "chunks of {chunk}"
+                );
+            }
+        }
+        // Escapes that decode to nothing of interest pass, at any chunking.
+        let clean = b"a=%41%42%2%zz%%25&b=%".to_vec();
+        for chunk in 1..=clean.len() {
+            assert!(scan_in_chunks(&clean, chunk).is_ok(), "chunks of {chunk}");
+        }
+    }
+
     proptest! {
         #[test]
         fn any_chunking_gives_the_one_shot_output(
@@ -981,6 +1102,26 @@ mod tests {
             }
             out.extend_from_slice(&rw.finish());
             prop_assert_eq!(out, one_shot(&patterns, replace, &text));
+        }
+
+        /// The streamed scanner refuses at least what the tripwire over the whole input does
+        /// (percent-decoded up to MAX_DECODES levels), and any chunking gives the one-push answer.
+        #[test]
+        fn the_streamed_tripwire_covers_the_whole_one(
+            pieces in prop::collection::vec(prop::sample::select(vec![
+                "%", "%2", "%25", "%73", "k-ant", "-STUB", "-aaaa", "s", "%6B", "%2D", "a", "x", "%4", "1",
+            ]), 0..24),
+            chunk in 1usize..12,
+        ) {
+            let stream = pieces.concat().into_bytes();
+            let set = set();
+            let rules = HostRules::new(&set, &host("attacker.example"), 443);
+            let mut one = rules.stub_scanner(Location::Body).expect("unbound secrets");
+            let whole = one.push(&set, &stream).is_err();
+            prop_assert_eq!(scan_in_chunks(&stream, chunk).is_err(), whole);
+            if rules.tripwire(&stream, Location::Body).is_err() {
+                prop_assert!(whole, "{}", String::from_utf8_lossy(&stream));
+            }
         }
     }
 }

@@ -69,8 +69,9 @@ pub fn build_set() -> SecretSet {
 }
 
 /// Expands a fuzz input into bytes rich in patterns: 0x00..=0x03 → a whole stub, 0x04..=0x07 → a stub
-/// without its last 3 bytes, 0x08..=0x0b → a whole real value, 0x0c..=0x0f → a value's prefix; others
-/// as they are.
+/// without its last 3 bytes, 0x08..=0x0b → a whole real value, 0x0c..=0x0f → a value's prefix,
+/// 0x10..=0x13 → a stub with every byte percent-encoded, 0x14..=0x17 → the same encoded twice
+/// (`%25XX`); others as they are.
 pub fn expand(data: &[u8]) -> Vec<u8> {
     let mut out = Vec::with_capacity(data.len() * 2);
     for &b in data {
@@ -80,6 +81,8 @@ pub fn expand(data: &[u8]) -> Vec<u8> {
             0x04..=0x07 => out.extend_from_slice(&SECRETS[i].1.as_bytes()[..SECRETS[i].1.len() - 3]),
             0x08..=0x0b => out.extend_from_slice(SECRETS[i].2.as_bytes()),
             0x0c..=0x0f => out.extend_from_slice(&SECRETS[i].2.as_bytes()[..SECRETS[i].2.len() - 3]),
+            0x10..=0x13 => SECRETS[i].1.bytes().for_each(|c| out.extend_from_slice(format!("%{c:02X}").as_bytes())),
+            0x14..=0x17 => SECRETS[i].1.bytes().for_each(|c| out.extend_from_slice(format!("%25{c:02x}").as_bytes())),
             _ => out.push(b),
         }
     }

@@ -1,7 +1,7 @@
 //! `rewrite::HostRules::header_value` (plain and inside `Basic` credentials) and `path_and_query`
 //! against a reference: a stub of a secret not bound to the host, or outside its secret's one
-//! credential surface (`header:x-fuzz`, `query:q`), is always refused; otherwise every stub is
-//! replaced by its value and nothing else changes.
+//! credential surface (`header:x-fuzz`, `query:q`), is always refused, as written or
+//! percent-encoded; otherwise every stub is replaced by its value and nothing else changes.
 #![no_main]
 
 mod common;
@@ -34,8 +34,39 @@ fn expected_at(input: &[u8], h: usize, kind: Option<&str>) -> Result<Vec<u8>, ()
             i += 1;
         }
     }
+    // The tripwire also reads the input percent-decoded, up to four levels (`%25` hiding one each).
+    let mut form = input.to_vec();
+    for _ in 0..4 {
+        let decoded = percent_decode(&form);
+        if decoded == form {
+            break;
+        }
+        if SECRETS.iter().enumerate().any(|(k, s)| !bound(k, h) && contains(&decoded, s.1.as_bytes())) {
+            return Err(());
+        }
+        form = decoded;
+    }
     let reps: Vec<Option<&[u8]>> = SECRETS.iter().map(|s| Some(s.2.as_bytes())).collect();
     Ok(replace_reference(input, &pats, &reps))
+}
+
+/// `%XX` (two hex digits) decoded; any other `%` kept (RFC 3986 §2.1).
+fn percent_decode(input: &[u8]) -> Vec<u8> {
+    let hex = |b: u8| (b as char).to_digit(16).map(|d| d as u8);
+    let mut out = Vec::with_capacity(input.len());
+    let mut i = 0;
+    while i < input.len() {
+        if input[i] == b'%' && i + 2 < input.len() {
+            if let (Some(a), Some(b)) = (hex(input[i + 1]), hex(input[i + 2])) {
+                out.push(a * 16 + b);
+                i += 3;
+                continue;
+            }
+        }
+        out.push(input[i]);
+        i += 1;
+    }
+    out
 }
 
 /// Whether `decoded` holds the core of a stub not bound to host `h` (the stub without up to two

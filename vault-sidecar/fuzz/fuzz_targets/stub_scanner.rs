@@ -1,6 +1,7 @@
 //! `rewrite::StubScanner` (the tripwire over a streamed request body): any bytes in any chunking
-//! are refused exactly when the same bytes in one push are, and a stub of a secret not bound to
-//! the host, written as is anywhere in the stream, is always refused. Never a panic.
+//! are refused exactly when the same bytes in one push are; a stub of a secret not bound to the
+//! host, written as is anywhere in the stream, is always refused; and so is whatever the tripwire
+//! over the whole input refuses (its percent-decoded and encoded forms). Never a panic.
 #![no_main]
 
 mod common;
@@ -33,5 +34,8 @@ fuzz_target!(|data: &[u8]| {
         .any(|(i, s)| !bound(i, host) && contains(&stream, s.1.as_bytes()));
     if unbound_stub {
         assert!(whole, "a stub of a secret not bound to {} passed", HOSTS[host]);
+    }
+    if rules.tripwire(&stream, Location::Body).is_err() {
+        assert!(whole, "the whole-input tripwire refuses what the stream scanner passed");
     }
 });

@@ -47,19 +47,19 @@ pub(crate) struct Counters {
     pub(crate) bytes_down: Arc<AtomicU64>,
     /// Stub swaps in the request body, by secret id (set when the request body ends).
     pub(crate) body_hits: Mutex<Vec<u64>>,
-    /// The stub the tripwire found in a request body that was streaming (its upstream request
-    /// was reset).
-    tripped: Mutex<Option<crate::rewrite::Exfiltration>>,
+    /// Why the tripwire ended a request body that was streaming, or a WebSocket (its upstream
+    /// request was reset): a stub it found, or a compressed body that did not decode.
+    tripped: Mutex<Option<Refusal>>,
 }
 
 impl Counters {
-    /// Keep the stub the request body's tripwire refused.
-    pub(crate) fn trip(&self, ex: crate::rewrite::Exfiltration) {
-        *self.tripped.lock().unwrap_or_else(|p| p.into_inner()) = Some(ex);
+    /// Keep what the request body's tripwire refused.
+    pub(crate) fn trip(&self, refusal: Refusal) {
+        *self.tripped.lock().unwrap_or_else(|p| p.into_inner()) = Some(refusal);
     }
 
-    /// The stub the tripwire refused, if it did (taken: the request is finished once).
-    pub(crate) fn take_tripped(&self) -> Option<crate::rewrite::Exfiltration> {
+    /// What the tripwire refused, if it did (taken: the request is finished once).
+    pub(crate) fn take_tripped(&self) -> Option<Refusal> {
         self.tripped.lock().unwrap_or_else(|p| p.into_inner()).take()
     }
 }
@@ -197,10 +197,10 @@ impl RequestContext {
                 }
                 // The tripwire ended a body or a WebSocket after the response head had come.
                 match self.counters.take_tripped() {
-                    Some(ex) => (
-                        Some(crate::refusal::BlockReason::StubExfiltration.as_str()),
-                        None,
-                        Some(ex.secret),
+                    Some(r) => (
+                        r.audit_blocked(),
+                        r.audit_error(),
+                        r.blocked_secret().map(str::to_owned),
                     ),
                     None => (None, None, None),
                 }

@@ -225,10 +225,7 @@ impl Tunnel {
 /// The refusal for a request whose upstream exchange failed: the tripwire's when it ended the
 /// streaming request body (that reset is what failed), else the upstream's.
 pub(crate) fn failed_exchange(counters: &Counters, e: &hyper_util::client::legacy::Error, target: &Target) -> Refusal {
-    match counters.take_tripped() {
-        Some(ex) => head::exfiltration(ex, target),
-        None => upstream_refusal(e, target),
-    }
+    counters.take_tripped().unwrap_or_else(|| upstream_refusal(e, target))
 }
 
 /// The refusal for an upstream that sent no response head within `limit`

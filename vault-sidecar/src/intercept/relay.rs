@@ -13,10 +13,11 @@ use hyper_util::rt::TokioIo;
 
 use super::context::{Outcome, RequestContext};
 use super::{head, EXACT_LENGTH_LIMIT};
-use crate::body::{DrainOnDrop, StreamBody, Tripwire};
+use crate::body::{DrainOnDrop, Scan, StreamBody, Tripwire};
 use crate::config::{BodyTripwire, Location};
+use crate::decode::{self, DecodingScanner, ScanRefusal};
 use crate::refusal::{self, ErrorKind, Refusal};
-use crate::rewrite::{self, HostRules, StreamRewriter};
+use crate::rewrite::{self, HostRules, StreamRewriter, StubScanner};
 use crate::secrets::SecretSet;
 use crate::upstream::{BoxError, ProxyBody};
 
@@ -44,7 +45,8 @@ pub(crate) enum Relay {
 
 /// The request body for the upstream: stubs swapped when the host's rules swap body stubs and the
 /// body is identity-coded (a compressed upload passes untouched), and the stub tripwire over it
-/// ([`tripwire_applies`]). A body up to [`EXACT_LENGTH_LIMIT`] is read whole (while the buffer
+/// ([`tripwire_applies`]), over its decoded bytes when it is compressed (`415` for a coding the
+/// sidecar cannot decode). A body up to [`EXACT_LENGTH_LIMIT`] is read whole (while the buffer
 /// budget lasts): a stub the tripwire finds is a `403` before anything goes upstream, and a
 /// rewritten body keeps an exact `Content-Length`. A larger one streams (chunked when rewritten);
 /// the tripwire ends it with an error at the first stub, which resets the upstream request.
@@ -73,12 +75,15 @@ pub(crate) async fn request_body(
         }
         rw => rw,
     };
-    let tripwire = !empty && tripwire_applies(ctx, rules);
-    if tripwire && !identity {
-        tracing::info!(host = %ctx.target().host, "request body is compressed; the stub tripwire does not read it");
-    }
-    let tripwire = tripwire && identity;
-    if rewriter.is_none() && !tripwire {
+    let tripwire = if empty || !tripwire_applies(ctx, rules) {
+        None
+    } else {
+        rules
+            .stub_scanner(Location::Body)
+            .map(|scanner| body_scan(parts, scanner, ctx))
+            .transpose()?
+    };
+    if rewriter.is_none() && tripwire.is_none() {
         return Ok(StreamBody::new(body, None, counters.bytes_up.clone(), None).boxed_unsync());
     }
     match buffer_permit(ctx, head::content_length(&parts.headers)) {
@@ -88,8 +93,10 @@ pub(crate) async fn request_body(
                 Refusal::bad_request("the request body ended before Content-Length")
             })?;
             let whole = whole.to_bytes();
-            if tripwire {
-                rules.body(&whole).map_err(|ex| head::exfiltration(ex, ctx.target()))?;
+            match tripwire {
+                Some(Scan::Plain(_)) => rules.body(&whole).map_err(|ex| head::exfiltration(ex, ctx.target()))?,
+                Some(Scan::Decoding(mut d)) => d.push(&whole).map_err(|r| scan_refusal(r, ctx.target()))?,
+                None => {}
             }
             let out = match rewriter {
                 Some(mut rw) => {
@@ -115,16 +122,45 @@ pub(crate) async fn request_body(
                 }) as crate::body::OnEnd
             });
             let mut streamed = StreamBody::new(body, rewriter, counters.bytes_up.clone(), on_end);
-            if let Some(scanner) = rules.stub_scanner(Location::Body).filter(|_| tripwire) {
-                let c = counters.clone();
+            if let Some(scan) = tripwire {
+                let (c, target) = (counters.clone(), ctx.target().clone());
                 streamed = streamed.with_tripwire(Tripwire {
-                    scanner,
+                    scan,
                     secrets: ctx.secrets.clone(),
-                    on_trip: Some(Box::new(move |ex| c.trip(ex))),
+                    on_trip: Some(Box::new(move |r| c.trip(scan_refusal(r, &target)))),
                 });
             }
             Ok(streamed.boxed_unsync())
         }
+    }
+}
+
+/// How the tripwire reads this body: as it is, or decoded from its `Content-Encoding`.
+fn body_scan(parts: &request::Parts, scanner: StubScanner, ctx: &RequestContext) -> Result<Scan, Refusal> {
+    let Some(encoding) = parts.headers.get(header::CONTENT_ENCODING) else {
+        return Ok(Scan::Plain(scanner));
+    };
+    let unsupported = |what: String| {
+        Refusal::failed(
+            ErrorKind::UnsupportedRequestEncoding,
+            &ctx.target().host,
+            format!("{what} of the request body cannot be decoded for the stub tripwire"),
+        )
+    };
+    let codings = decode::codings(encoding).map_err(unsupported)?;
+    if codings.is_empty() {
+        return Ok(Scan::Plain(scanner));
+    }
+    DecodingScanner::new(&codings, scanner, ctx.secrets.clone())
+        .map(Scan::Decoding)
+        .map_err(|e| unsupported(format!("the decoder ({e})")))
+}
+
+/// What a tripwire refused, as the answer to the request.
+fn scan_refusal(r: ScanRefusal, target: &crate::connect::Target) -> Refusal {
+    match r {
+        ScanRefusal::Stub(ex) => head::exfiltration(ex, target),
+        ScanRefusal::Corrupt(reason) => Refusal::failed(ErrorKind::BadRequest, &target.host, reason),
     }
 }
 
@@ -200,6 +236,7 @@ pub(crate) fn finish(ctx: RequestContext, mut parts: response::Parts, relay: Rel
     let status = parts.status.as_u16();
     let counters = ctx.counters.clone();
     let secrets = ctx.secrets.clone();
+    let target = ctx.target().clone();
     let tripwire = match &relay {
         Relay::Upgrade(..) => {
             let rules = HostRules::new(&secrets, &ctx.target().host, ctx.target().port);
@@ -230,7 +267,7 @@ pub(crate) fn finish(ctx: RequestContext, mut parts: response::Parts, relay: Rel
                         let (up, down, h, refused) = crate::ws::relay(c, u, secrets, tripwire).await;
                         hits = h;
                         if let Some(ex) = refused {
-                            counters.trip(ex);
+                            counters.trip(head::exfiltration(ex, &target));
                         }
                         (up, down)
                     } else {

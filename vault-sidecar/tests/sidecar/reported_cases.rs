@@ -682,10 +682,12 @@ async fn k11_sse_silent_for_95s_then_events() {
 }
 
 // K12: a zstd-encoded request body is forwarded byte-for-byte; the header swap still happens.
+// (The tripwire reads it decoded, so it is real zstd, as Codex sends.)
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn k12_zstd_request_body_forwarded_unchanged() {
     let h = Harness::default_setup().await;
-    let body = support::upstream::opaque_encoded_body("zstd");
+    let json = br#"{"model":"gpt-5-codex","input":[{"role":"user","content":"hello"}]}"#.repeat(400);
+    let body = zstd::stream::encode_all(&json[..], 3).expect("zstd");
     let file = h.sidecar.dir.path().join("body.zst");
     std::fs::write(&file, &body).expect("write body");
     for proto in ["--http1.1", "--http2"] {

@@ -170,6 +170,155 @@ async fn a_large_body_is_cut_off_at_the_first_unbound_stub() {
     );
 }
 
+/// `bytes` compressed with the content coding `coding`, as a client would send them.
+fn compress(coding: &str, bytes: &[u8]) -> Vec<u8> {
+    use std::io::Write as _;
+    match coding {
+        "gzip" => {
+            let mut e = flate2::write::GzEncoder::new(Vec::new(), flate2::Compression::fast());
+            e.write_all(bytes).expect("gzip");
+            e.finish().expect("gzip")
+        }
+        "deflate" => {
+            let mut e = flate2::write::ZlibEncoder::new(Vec::new(), flate2::Compression::fast());
+            e.write_all(bytes).expect("zlib");
+            e.finish().expect("zlib")
+        }
+        "br" => {
+            let mut out = Vec::new();
+            {
+                let mut e = brotli::CompressorWriter::new(&mut out, 4096, 5, 22);
+                e.write_all(bytes).expect("br");
+            }
+            out
+        }
+        "zstd" => zstd::stream::encode_all(bytes, 1).expect("zstd"),
+        other => panic!("no encoder for {other}"),
+    }
+}
+
+/// Bytes that do not compress (a fixed LCG), so a compressed body keeps its size.
+fn noise(len: usize) -> Vec<u8> {
+    let mut x: u32 = 0x2545_f491;
+    (0..len)
+        .map(|_| {
+            x = x.wrapping_mul(1_664_525).wrapping_add(1_013_904_223);
+            (x >> 24) as u8
+        })
+        .collect()
+}
+
+/// A compressed request body is read decoded: a stub in gzip, deflate, br or zstd is refused as
+/// in an identity body, a clean one arrives as the client compressed it, a coding the sidecar
+/// cannot decode is a `415` and a body that does not decode a `400`; a large compressed stream
+/// is cut off at the stub.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_compressed_body_is_read_decoded_by_the_tripwire() {
+    let h = Harness::default_setup().await;
+    let post = |proto: &str, coding: &str, file: &std::path::Path, path: String| {
+        h.sidecar
+            .curl()
+            .args([proto, "-H", &format!("content-encoding: {coding}"), "--data-binary"])
+            .arg(format!("@{}", file.display()))
+            .arg(format!("https://api.anthropic.com{path}"))
+            .run()
+    };
+    let write = |name: &str, bytes: &[u8]| {
+        let file = h.sidecar.dir.path().join(name);
+        std::fs::write(&file, bytes).expect("write body");
+        file
+    };
+    let with_stub = format!(r#"{{"messages":[{{"content":"env says GITHUB_TOKEN={GITHUB_STUB}"}}]}}"#);
+    let clean = br#"{"messages":[{"content":"nothing to see"}]}"#.repeat(50);
+    for proto in PROTOS {
+        for coding in ["gzip", "deflate", "br", "zstd"] {
+            let file = write("stub.z", &compress(coding, with_stub.as_bytes()));
+            let out = post(proto, coding, &file, format!("/upload?case={proto}-{coding}")).await;
+            assert_refused(&out, "GITHUB_TOKEN", &format!("{proto} {coding}"));
+
+            let sent = compress(coding, &clean);
+            let file = write("clean.z", &sent);
+            let path = format!("/upload?clean={proto}-{coding}");
+            let out = post(proto, coding, &file, path.clone()).await.ok();
+            assert_eq!(out.status, 200, "{proto} {coding}: {}", out.body_text());
+            let rec = h
+                .upstream
+                .requests_to("/upload")
+                .into_iter()
+                .find(|r| r.path == path)
+                .expect("the clean body reached the upstream");
+            assert_eq!(
+                rec.body_sha256,
+                Some(sha256_hex(&sent)),
+                "{proto} {coding}: forwarded as sent"
+            );
+        }
+        let file = write("any.z", b"whatever");
+        let out = post(proto, "compress", &file, format!("/upload?case={proto}-compress")).await;
+        assert_eq!(out.status, 415, "{proto}: {}", out.body_text());
+        assert_eq!(out.header("x-vault-error"), Some("unsupported-request-encoding"));
+        assert!(out.body_text().contains("compress"), "{}", out.body_text());
+        let file = write("bad.gz", b"this is not gzip at all");
+        let out = post(proto, "gzip", &file, format!("/upload?case={proto}-corrupt")).await;
+        assert_eq!(out.status, 400, "{proto}: {}", out.body_text());
+        assert_eq!(out.header("x-vault-error"), Some("bad-request"));
+        assert!(out.body_text().contains("not valid gzip"), "{}", out.body_text());
+    }
+    let leaked: Vec<_> = h
+        .upstream
+        .requests_to("/upload")
+        .into_iter()
+        .filter(|r| r.path.contains("case="))
+        .collect();
+    assert!(leaked.is_empty(), "refused bodies reached the upstream: {leaked:#?}");
+
+    // 3 MiB of gzip (past the 1 MiB read whole): the stub sits 2 MiB into the decoded stream.
+    let at = 2 << 20;
+    let mut big = noise(3 << 20);
+    big[at..at + GITHUB_STUB.len()].copy_from_slice(GITHUB_STUB.as_bytes());
+    let sent = compress("gzip", &big);
+    assert!(sent.len() > 2 << 20, "the noise compressed to {} bytes", sent.len());
+    let file = write("big.gz", &sent);
+    for proto in PROTOS {
+        let out = post(proto, "gzip", &file, format!("/upload?big={proto}")).await;
+        assert_ne!(out.status, 200, "{proto}: {}", out.body_text());
+        if out.status != 0 {
+            assert_refused(&out, "GITHUB_TOKEN", proto);
+        }
+        let seen = eventually(
+            Duration::from_secs(10),
+            "the upstream's record of the cut-off body",
+            || {
+                std::future::ready(
+                    h.upstream
+                        .requests_to("/upload")
+                        .into_iter()
+                        .find(|r| r.path.ends_with(&format!("big={proto}"))),
+                )
+            },
+        )
+        .await;
+        let len = seen.body_len.expect("the upstream read the body");
+        assert!(
+            len < sent.len() as u64,
+            "{proto}: the upstream received the whole body ({len} bytes)"
+        );
+    }
+    let events: Vec<_> = audit_for(&h.sidecar, "/upload")
+        .await
+        .into_iter()
+        .filter(|e| e["path"].as_str().is_some_and(|p| p.contains("big=")))
+        .collect();
+    assert_eq!(events.len(), 2, "{events:#?}");
+    assert!(
+        events
+            .iter()
+            .all(|e| e["blocked"] == "stub-exfiltration" && e["blocked_secret"] == "GITHUB_TOKEN"),
+        "{events:#?}"
+    );
+    h.assert_logs_clean();
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn hosts_without_secrets_mode_lets_a_model_host_receive_the_stubs_a_conversation_quotes() {
     let h = Harness::start(Alpn::Both, |c| {

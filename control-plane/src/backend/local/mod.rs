@@ -1176,7 +1176,10 @@ mod tests {
         }
         text.extend_from_slice(b"bad \xff byte\n\nlast without newline");
         std::fs::write(&path, &text).unwrap();
-        let whole = String::from_utf8_lossy(&text).lines().map(str::to_owned).collect::<Vec<_>>();
+        let whole = String::from_utf8_lossy(&text)
+            .lines()
+            .map(str::to_owned)
+            .collect::<Vec<_>>();
         for n in [1, 2, 3, 100, 2_000, 5_000, 19_999, 20_003, 30_000] {
             let want = &whole[whole.len().saturating_sub(n)..];
             assert_eq!(last_lines(&path, n).unwrap(), want, "n = {n}");
