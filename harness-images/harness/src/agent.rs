@@ -521,11 +521,8 @@ pub async fn run_once(
         () = aborted => Err(AgentError::Aborted),
     };
     if outcome.is_err() {
-        if let Some(pgid) = pid
-            .and_then(|p| i32::try_from(p).ok())
-            .and_then(rustix::process::Pid::from_raw)
-        {
-            let _ = rustix::process::kill_process_group(pgid, rustix::process::Signal::KILL);
+        if let Some(root) = pid.and_then(|p| i32::try_from(p).ok()) {
+            kill_tree(root);
         }
         let _ = child.wait().await;
     }
@@ -547,6 +544,73 @@ pub async fn run_once(
 fn tail(s: &str) -> String {
     let lines: Vec<&str> = s.lines().filter(|l| !l.trim().is_empty()).collect();
     lines[lines.len().saturating_sub(5)..].join("\n")
+}
+
+/// Kill the CLI `root` and every process it started, wherever they went: its own process group,
+/// and each descendant by parent pid (a tool may start its commands in a new session, as Claude
+/// Code's `Bash` does, which the group kill misses). Each round stops what it finds (a stopped
+/// process cannot fork) until a round finds nothing new, then kills them all.
+fn kill_tree(root: i32) {
+    use rustix::process::{kill_process, kill_process_group, Pid, Signal};
+    let mut found: Vec<i32> = vec![root];
+    for _ in 0..16 {
+        let mut new = false;
+        for p in descendants(&found) {
+            if !found.contains(&p) {
+                found.push(p);
+                new = true;
+            }
+        }
+        for p in &found {
+            if let Some(pid) = Pid::from_raw(*p) {
+                let _ = kill_process(pid, Signal::STOP);
+            }
+        }
+        if !new {
+            break;
+        }
+    }
+    if let Some(pgid) = Pid::from_raw(root) {
+        let _ = kill_process_group(pgid, Signal::KILL);
+    }
+    for p in &found {
+        if let Some(pid) = Pid::from_raw(*p) {
+            let _ = kill_process(pid, Signal::KILL);
+        }
+    }
+}
+
+/// The processes whose parent (by `/proc/PID/stat`, field 4) is one of `roots` or descends from
+/// one; empty where `/proc` cannot be read.
+fn descendants(roots: &[i32]) -> Vec<i32> {
+    let mut parent_of: Vec<(i32, i32)> = Vec::new();
+    for entry in std::fs::read_dir("/proc").into_iter().flatten().flatten() {
+        let Some(pid) = entry.file_name().to_str().and_then(|n| n.parse::<i32>().ok()) else {
+            continue;
+        };
+        let Ok(stat) = std::fs::read_to_string(entry.path().join("stat")) else {
+            continue;
+        };
+        // `pid (comm) state ppid …`: comm may hold spaces and parentheses; it ends at the last `)`.
+        let ppid = stat
+            .rsplit_once(')')
+            .and_then(|(_, rest)| rest.split_whitespace().nth(1))
+            .and_then(|p| p.parse::<i32>().ok());
+        if let Some(ppid) = ppid {
+            parent_of.push((pid, ppid));
+        }
+    }
+    let mut out: Vec<i32> = Vec::new();
+    let mut frontier: Vec<i32> = roots.to_vec();
+    while let Some(p) = frontier.pop() {
+        for &(child, ppid) in &parent_of {
+            if ppid == p && !out.contains(&child) && !roots.contains(&child) {
+                out.push(child);
+                frontier.push(child);
+            }
+        }
+    }
+    out
 }
 
 #[cfg(test)]

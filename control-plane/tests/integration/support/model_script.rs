@@ -137,38 +137,43 @@ pub fn anthropic_turn(body: &Value, reply: &str) -> Turn {
         Value::Array(b) => b.clone(),
         _ => Vec::new(),
     };
-    // A tool result answers the call, unless a new directive follows it in the same message
-    // (claude can send a resumed prompt together with the last turn's result).
-    let last_result = blocks.iter().rposition(|b| b["type"] == "tool_result");
-    let last_directive = blocks
+    // The latest prompt: the last text block the user sent since the model's last turn. Claude
+    // Code merges a resumed prompt into the message holding the last turn's tool results, and
+    // hoists each new tool result before that prompt, so block order alone can't tell whether
+    // the prompt's directive was answered: a call made for it, with its result, answers it.
+    let prompt: Option<String> = messages
         .iter()
-        .rposition(|b| b["type"] == "text" && b["text"].as_str().is_some_and(|t| directive(t).is_some()));
-    if let Some(r) = last_result
-        .filter(|r| last_directive.is_none_or(|d| d < *r))
-        .map(|r| &blocks[r])
-    {
-        let text = result_text(&r["content"]);
+        .rev()
+        .take_while(|m| m["role"] == "user")
+        .flat_map(|m| match &m["content"] {
+            Value::String(s) => vec![s.clone()],
+            Value::Array(b) => b
+                .iter()
+                .rev()
+                .filter(|b| b["type"] == "text")
+                .filter_map(|b| b["text"].as_str().map(str::to_owned))
+                .collect(),
+            _ => Vec::new(),
+        })
+        .next();
+    let quote = |r: &Value| {
         let refused = if r["is_error"] == true {
             " (the tool failed)"
         } else {
             ""
         };
-        return Turn::Text(format!("Tool result{refused}: {text}"));
-    }
-    // The user's text since the last assistant turn: a CLI may add its own user messages
-    // (reminders, tool lists) after the prompt.
-    let mut text = String::new();
-    for m in messages.iter().rev().take_while(|m| m["role"] == "user") {
-        let blocks = match &m["content"] {
-            Value::String(s) => vec![json!({"type": "text", "text": s})],
-            Value::Array(b) => b.clone(),
-            _ => Vec::new(),
-        };
-        for b in blocks.iter().filter(|b| b["type"] == "text") {
-            text.push_str(b["text"].as_str().unwrap_or_default());
-            text.push('\n');
+        Turn::Text(format!("Tool result{refused}: {}", result_text(&r["content"])))
+    };
+    let wanted = prompt.as_deref().and_then(directive);
+    if let Some(d) = &wanted {
+        if let Some(r) = answered(&messages, d) {
+            return quote(r);
         }
+    } else if let Some(r) = blocks.last().filter(|b| b["type"] == "tool_result") {
+        // No directive in the prompt (a CLI that sends the result alone): the result answers.
+        return quote(r);
     }
+    let text = prompt.unwrap_or_default();
     let tools: Vec<&Value> = body["tools"].as_array().map(|t| t.iter().collect()).unwrap_or_default();
     let find = |names: &[&str]| {
         tools
@@ -205,6 +210,36 @@ pub fn anthropic_turn(body: &Value, reply: &str) -> Turn {
     }
 }
 
+/// A `tool_use` id for one call, the same for the same call and distinct across the calls of a
+/// conversation (a CLI matches each tool result to its call by id: one id for every call made
+/// claude take a later call for one already answered).
+fn tool_use_id(tool: &str, input: &Value) -> String {
+    use std::hash::{Hash, Hasher};
+    let mut h = std::collections::hash_map::DefaultHasher::new();
+    (tool, input.to_string()).hash(&mut h);
+    format!("toolu_standin{:016x}", h.finish())
+}
+
+/// The result of the call made for directive `d`, when the conversation holds both: an assistant
+/// `tool_use` doing what `d` asks and the `tool_result` with its id.
+fn answered<'a>(messages: &'a [Value], d: &Directive) -> Option<&'a Value> {
+    let blocks = || messages.iter().filter_map(|m| m["content"].as_array()).flatten();
+    let call = blocks().find(|b| {
+        let (name, input) = (b["name"].as_str().unwrap_or_default(), &b["input"]);
+        b["type"] == "tool_use"
+            && match d {
+                Directive::Run(cmd) => matches!(name, "Bash" | "bash") && input["command"] == cmd.as_str(),
+                Directive::Write { path, content } => {
+                    let at = input.get("file_path").or_else(|| input.get("filePath"));
+                    matches!(name, "Write" | "write")
+                        && at.and_then(Value::as_str) == Some(path.as_str())
+                        && input["content"] == content.as_str()
+                }
+            }
+    })?;
+    blocks().find(|b| b["type"] == "tool_result" && b["tool_use_id"] == call["id"])
+}
+
 /// The streamed (SSE) Anthropic answer for `turn`.
 pub fn anthropic_sse(turn: &Turn, model: &str) -> String {
     let (block, delta, stop) = match turn {
@@ -214,7 +249,7 @@ pub fn anthropic_sse(turn: &Turn, model: &str) -> String {
             "end_turn",
         ),
         Turn::Call { tool, input } => (
-            json!({"type": "tool_use", "id": "toolu_standin01", "name": tool, "input": {}}),
+            json!({"type": "tool_use", "id": tool_use_id(tool, input), "name": tool, "input": {}}),
             json!({"type": "input_json_delta", "partial_json": input.to_string()}),
             "tool_use",
         ),
@@ -254,7 +289,7 @@ pub fn anthropic_json(turn: &Turn, model: &str) -> String {
     let (content, stop) = match turn {
         Turn::Text(t) => (json!([{"type": "text", "text": t}]), "end_turn"),
         Turn::Call { tool, input } => (
-            json!([{"type": "tool_use", "id": "toolu_standin01", "name": tool, "input": input}]),
+            json!([{"type": "tool_use", "id": tool_use_id(tool, input), "name": tool, "input": input}]),
             "tool_use",
         ),
     };
@@ -513,6 +548,46 @@ mod tests {
         // No tools offered (a title request): text.
         let bare = json!({"messages": [{"role": "user", "content": "LAP-RUN: echo hi"}]});
         assert!(matches!(anthropic_turn(&bare, "r"), Turn::Text(_)));
+    }
+
+    /// Claude Code 2.1 resumed: the new prompt shares a message with the last turn's tool result,
+    /// and the new call's result is hoisted before that prompt. The call made for the prompt's
+    /// directive answers it (claude looped on the stand-in's repeated call before).
+    #[test]
+    fn anthropic_script_reads_claudes_merged_resume() {
+        let tools = json!([{"name": "Bash", "input_schema": {"properties": {"command": {}}}},
+            {"name": "Write", "input_schema": {"properties": {"file_path": {}, "content": {}}}}]);
+        let write =
+            json!({"type": "tool_use", "id": "w", "name": "Write", "input": {"file_path": "/w/n", "content": "x"}});
+        let run = json!({"type": "tool_use", "id": "b", "name": "Bash", "input": {"command": "cat n"}});
+        let prompt = json!({"type": "text", "text": "Run it.\nLAP-RUN: cat n"});
+        let asked = json!({"tools": tools, "messages": [
+            {"role": "user", "content": [{"type": "text", "text": "LAP-WRITE: /w/n = x"}]},
+            {"role": "assistant", "content": [{"type": "text", "text": "Tool result: ok"}, write]},
+            {"role": "user", "content": [{"type": "tool_result", "tool_use_id": "w", "content": "ok"}, prompt]}]});
+        assert_eq!(
+            anthropic_turn(&asked, "r"),
+            Turn::Call {
+                tool: "Bash".into(),
+                input: json!({"command": "cat n"})
+            }
+        );
+        let ran = json!({"tools": tools, "messages": [
+            {"role": "user", "content": [{"type": "text", "text": "LAP-WRITE: /w/n = x"}]},
+            {"role": "assistant", "content": [{"type": "text", "text": "Tool result: ok"}, write, run]},
+            {"role": "user", "content": [
+                {"type": "tool_result", "tool_use_id": "w", "content": "ok"},
+                {"type": "tool_result", "tool_use_id": "b", "content": "x"}, prompt]}]});
+        assert_eq!(anthropic_turn(&ran, "r"), Turn::Text("Tool result: x".into()));
+        let mut follow_up = ran.clone();
+        follow_up["messages"][2]["content"]
+            .as_array_mut()
+            .unwrap()
+            .push(json!({"type": "text", "text": "What did you see?"}));
+        assert_eq!(
+            anthropic_turn(&follow_up, "r"),
+            Turn::Text("r (earlier tool results: ok | x)".into())
+        );
     }
 
     #[test]
