@@ -596,8 +596,10 @@ pub(crate) async fn send(session: &str, text: &str) -> Result<ExitCode> {
             }
         };
         for ev in parser.feed(&chunk) {
+            // LAP's frames (`ready`, `harness_event`, `done`, `error`); `agent` and `message` are
+            // what a harness before them sent.
             match ev.event.as_str() {
-                "agent" => {
+                "harness_event" | "agent" => {
                     // An event without text (the CLI's own start-up, a tool call) is no reply
                     // yet: keep saying that lap is waiting, and what the vault sees meanwhile.
                     let v: Value = serde_json::from_str(&ev.data).unwrap_or_default();
@@ -611,7 +613,7 @@ pub(crate) async fn send(session: &str, text: &str) -> Result<ExitCode> {
                         shown.push(t);
                     }
                 }
-                "message" => {
+                "done" | "message" => {
                     stop_waiting(&mut waiting);
                     if shown.is_empty() {
                         let v: Value = serde_json::from_str(&ev.data).unwrap_or_default();

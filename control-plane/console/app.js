@@ -946,14 +946,15 @@ async function streamMessage(id, text, show) {
         else if (line.startsWith('data:')) ev.data.push(line.slice(5).replace(/^ /, ''));
       }
       const data = ev.data.join('\n');
-      if (ev.event === 'agent') {
+      // LAP's frames: ready, harness_event (the CLI's own events), done, error.
+      if (ev.event === 'harness_event' || ev.event === 'agent') {
         try {
           const t = eventText(JSON.parse(data));
           if (t) show((streamed += t));
         } catch {
           // not JSON: not shown
         }
-      } else if (ev.event === 'message') {
+      } else if (ev.event === 'done' || ev.event === 'message') {
         const parts = JSON.parse(data).parts ?? [];
         show(parts.filter((p) => p.type === 'text').map((p) => p.text).join('\n') || streamed);
       } else if (ev.event === 'error') {

@@ -90,8 +90,9 @@ async fn continuity_restart_adoption_and_vanished_sandbox() {
         )
         .await;
     assert!(
-        sse.contains("event: agent")
-            && sse.contains("event: message")
+        sse.starts_with("event: ready")
+            && sse.contains("event: harness_event")
+            && sse.contains("event: done")
             && sse.contains("echo:s api:nokey resume:fake-conv-1"),
         "{sse}"
     );

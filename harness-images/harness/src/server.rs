@@ -204,23 +204,25 @@ async fn restart(State(h): State<Arc<Harness>>) -> Response {
         .into_response()
 }
 
-/// SSE: an `agent` event per line the CLI prints (its own JSON events), then a `message`
-/// event with the parts, or an `error` event.
+/// SSE, LAP's frames: `ready` (`{}`, the turn has started), a `harness_event` per line the CLI
+/// prints (its own JSON events, as they are), then `done` with `{"parts": [...]}`, or `error`
+/// with `{"error": "..."}`.
 async fn message_stream(State(h): State<Arc<Harness>>, Json(m): Json<MessageIn>) -> Response {
     let (tx, rx) = tokio::sync::mpsc::unbounded_channel::<Event>();
+    let _ = tx.send(Event::default().event("ready").data("{}"));
     tokio::spawn(async move {
         let (line_tx, mut line_rx) = tokio::sync::mpsc::unbounded_channel::<String>();
         let forward_tx = tx.clone();
         let forward = tokio::spawn(async move {
             while let Some(line) = line_rx.recv().await {
-                let _ = forward_tx.send(Event::default().event("agent").data(line));
+                let _ = forward_tx.send(Event::default().event("harness_event").data(line));
             }
         });
         let result = run(&h, &m.text, Some(line_tx)).await;
         let _ = forward.await;
         let ev = match result {
             Ok(t) => Event::default()
-                .event("message")
+                .event("done")
                 .json_data(serde_json::json!({ "parts": [{ "type": "text", "text": t }] })),
             Err(e) => Event::default()
                 .event("error")

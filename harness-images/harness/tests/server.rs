@@ -94,11 +94,17 @@ async fn serves_messages_with_continuity_behind_the_token() {
         .text()
         .await
         .unwrap();
-    assert!(body.contains("event: agent\ndata: {\"type\":\"system\""), "{body}");
+    // LAP's frames, in order: ready, the CLI's events, done.
+    assert!(body.starts_with("event: ready\ndata: {}\n\n"), "{body}");
     assert!(
-        body.contains("event: message") && body.contains("got:again resume:c-1"),
+        body.contains("event: harness_event\ndata: {\"type\":\"system\""),
         "{body}"
     );
+    assert!(
+        body.contains("event: done") && body.contains("got:again resume:c-1"),
+        "{body}"
+    );
+    assert!(body.find("event: harness_event") < body.find("event: done"), "{body}");
 }
 
 #[test]
