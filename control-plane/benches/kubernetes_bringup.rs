@@ -104,6 +104,7 @@ fn spec(i: usize) -> SandboxSpec {
         }],
         harness_token: "t".into(),
         tools: None,
+        mcp_servers: Vec::new(),
         env: Default::default(),
         placement: Placement::default(),
         phases: None,

@@ -82,6 +82,51 @@ fn random_hex(bytes: usize) -> String {
     b.iter().map(|x| format!("{x:02x}")).collect()
 }
 
+/// `allow_out` with each MCP server's host added, when it lists hosts (empty: every host is
+/// allowed already, as the egress policy says).
+fn with_mcp_hosts(allow_out: &[String], servers: &[crate::model::McpServer]) -> Vec<String> {
+    let mut out = allow_out.to_vec();
+    if out.is_empty() {
+        return out;
+    }
+    for m in servers {
+        if let Some(host) = reqwest::Url::parse(&m.url)
+            .ok()
+            .and_then(|u| u.host_str().map(str::to_owned))
+        {
+            if !out.contains(&host) {
+                out.push(host);
+            }
+        }
+    }
+    out
+}
+
+/// An agent's `mcp_servers`: names `[A-Za-z0-9_-]{1,64}`, unique; URLs `http(s)://` with a host.
+fn check_mcp_servers(servers: &[crate::model::McpServer]) -> Result<(), ApiError> {
+    let bad = |i: usize, what: String| ApiError::BadRequest(format!("mcp_servers[{i}].{what}"));
+    for (i, m) in servers.iter().enumerate() {
+        let name_ok = (1..=64).contains(&m.name.len())
+            && m.name
+                .bytes()
+                .all(|b| b.is_ascii_alphanumeric() || b == b'_' || b == b'-');
+        if !name_ok {
+            return Err(bad(i, format!("name: `{}` must be 1 to 64 of A-Z a-z 0-9 _ -", m.name)));
+        }
+        if servers[..i].iter().any(|o| o.name == m.name) {
+            return Err(bad(i, format!("name: `{}` is listed twice", m.name)));
+        }
+        let url = reqwest::Url::parse(&m.url).map_err(|e| bad(i, format!("url: `{}` is not a URL: {e}", m.url)))?;
+        if !matches!(url.scheme(), "http" | "https") || url.host_str().is_none_or(str::is_empty) {
+            return Err(bad(
+                i,
+                format!("url: `{}` must be an http:// or https:// URL with a host", m.url),
+            ));
+        }
+    }
+    Ok(())
+}
+
 /// A new resource id with a readable prefix (`agt_…`, `ses_…`).
 pub fn new_id(prefix: &str) -> String {
     format!("{prefix}_{}", random_hex(12))
@@ -119,6 +164,7 @@ fn validate_agent_spec(spec: &AgentSpec, env_vars: &BTreeMap<String, String>) ->
         }
     }
     env_vars::validate_plain("env", &spec.env)?;
+    check_mcp_servers(&spec.mcp_servers)?;
     if let Some(k) = spec.env.keys().find(|k| env_vars.contains_key(*k)) {
         return Err(bad(format!(
             "env.{k}: also in env_vars; a name is either a secret or plain"
@@ -309,6 +355,9 @@ impl App {
         }
         if let Some(v) = p.env {
             a.spec.env = v;
+        }
+        if let Some(v) = p.mcp_servers {
+            a.spec.mcp_servers = v;
         }
         if let Some(v) = p.requirements {
             a.spec.requirements = v;
@@ -647,10 +696,11 @@ impl App {
             prompt: agent.spec.prompt.clone(),
             repo_url: agent.spec.repo_url.clone(),
             branch: agent.spec.branch.clone(),
-            allow_out: agent.spec.allow_out.clone(),
+            allow_out: with_mcp_hosts(&agent.spec.allow_out, &agent.spec.mcp_servers),
             deny_out: agent.spec.deny_out.clone(),
             secrets: secrets.into_values().collect(),
             tools: agent.spec.tools.clone(),
+            mcp_servers: agent.spec.mcp_servers.clone(),
             env: {
                 let mut env = agent.spec.env.clone();
                 if let Some(r) = &agent.spec.requirements {

@@ -49,6 +49,10 @@ pub struct AgentSpec {
     /// as they are, the same reserved names as `env_vars` refused.
     #[serde(default)]
     pub env: BTreeMap<String, String>,
+    /// Remote MCP servers (streamable HTTP) the agent's CLI connects to, written into each CLI's
+    /// own MCP configuration; their hosts are added to `allow_out` when it lists hosts.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub mcp_servers: Vec<McpServer>,
     /// Kubernetes: requests and limits of the harness container (defaults from
     /// `LAP_K8S_HARNESS_REQUESTS` / `LAP_K8S_HARNESS_LIMITS`); ignored by the local backend.
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -57,6 +61,17 @@ pub struct AgentSpec {
     /// `LAP_K8S_RUNTIME_CLASS`; ignored by the local backend.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub runtime_class: Option<String>,
+}
+
+/// One of an agent's `mcp_servers`: `{"name": "docs", "url": "https://mcp.example.com/mcp"}`.
+#[derive(Debug, Clone, Default, Serialize, Deserialize, PartialEq)]
+#[serde(deny_unknown_fields)]
+pub struct McpServer {
+    /// `[A-Za-z0-9_-]`, 1 to 64 characters, unique in the agent (the CLI shows its tools as
+    /// `mcp__NAME__TOOL`).
+    pub name: String,
+    /// `http://` or `https://`, with a host.
+    pub url: String,
 }
 
 /// A field that is present (`null` included) is `Some`: `null` → `Some(None)`.
@@ -111,6 +126,7 @@ pub struct PatchAgent {
     #[serde(default, deserialize_with = "present")]
     pub requirements: Option<Option<String>>,
     pub env: Option<BTreeMap<String, String>>,
+    pub mcp_servers: Option<Vec<McpServer>>,
     pub resources: Option<Option<Resources>>,
     pub runtime_class: Option<Option<String>>,
 }

@@ -5,11 +5,11 @@
 // with session_id), so the harness reads both the same way.
 //
 //   lap-agent-sdk [--permission-mode MODE] [--allowedTools A,B] [--disallowedTools C,D]
-//                 [--resume ID] [--model M] [--append-system-prompt P] -- TEXT
+//                 [--resume ID] [--model M] [--append-system-prompt P] [--mcp-config=JSON] -- TEXT
 //
 // The flags are claude's own (lap-harness passes the same ones): they become the SDK's
-// permissionMode (bypassPermissions also sets allowDangerouslySkipPermissions), allowedTools and
-// disallowedTools.
+// permissionMode (bypassPermissions also sets allowDangerouslySkipPermissions), allowedTools,
+// disallowedTools and mcpServers (from `--mcp-config={"mcpServers": {...}}`, as claude reads it).
 //
 // `lap-agent-sdk --check` loads the SDK and exits (0: it is installed).
 //
@@ -45,11 +45,12 @@ function parseArgs(argv) {
     else if (a === "--permission-mode") opts.permissionMode = argv[++i];
     else if (a === "--allowedTools") opts.allowedTools = argv[++i].split(",").filter(Boolean);
     else if (a === "--disallowedTools") opts.disallowedTools = argv[++i].split(",").filter(Boolean);
+    else if (a.startsWith("--mcp-config=")) opts.mcpServers = JSON.parse(a.slice("--mcp-config=".length)).mcpServers;
     else throw new Error(`unknown argument ${a}`);
   }
   if (text === undefined)
     throw new Error(
-      "usage: lap-agent-sdk [--permission-mode M] [--allowedTools A,B] [--disallowedTools C] [--resume ID] [--model M] [--append-system-prompt P] -- TEXT",
+      "usage: lap-agent-sdk [--permission-mode M] [--allowedTools A,B] [--disallowedTools C] [--resume ID] [--model M] [--append-system-prompt P] [--mcp-config=JSON] -- TEXT",
     );
   return { opts, text };
 }
@@ -74,6 +75,7 @@ async function main() {
   }
   if (opts.allowedTools) options.allowedTools = opts.allowedTools;
   if (opts.disallowedTools) options.disallowedTools = opts.disallowedTools;
+  if (opts.mcpServers) options.mcpServers = opts.mcpServers;
   for await (const message of query({ prompt: text, options })) {
     process.stdout.write(JSON.stringify(message) + "\n");
   }

@@ -37,6 +37,8 @@ pub struct SandboxSpec {
     pub secrets: Vec<SecretSpec>,
     /// The agent's `tools[]` (`None`: every tool), for the harness as `LAP_AGENT_TOOLS`.
     pub tools: Option<Vec<String>>,
+    /// The agent's `mcp_servers`, for the harness as `LAP_AGENT_MCP_SERVERS` (JSON).
+    pub mcp_servers: Vec<crate::model::McpServer>,
     /// The agent's plain `env`, for the harness as it is (validated: no reserved name).
     pub env: BTreeMap<String, String>,
     /// The per-session token the harness requires as Bearer.
@@ -57,11 +59,16 @@ impl SandboxSpec {
     }
 
     /// The agent's settings as harness variables: its plain `env`, then `LAP_AGENT_TOOLS`
-    /// (comma-separated; empty for no tool) when it lists tools.
+    /// (comma-separated; empty for no tool) when it lists tools, and `LAP_AGENT_MCP_SERVERS`
+    /// (`[{"name","url"}]`) when it lists MCP servers.
     pub fn agent_env(&self) -> BTreeMap<String, String> {
         let mut env = self.env.clone();
         if let Some(t) = &self.tools {
             env.insert("LAP_AGENT_TOOLS".to_owned(), t.join(","));
+        }
+        if !self.mcp_servers.is_empty() {
+            let json = serde_json::to_string(&self.mcp_servers).unwrap_or_else(|_| "[]".to_owned());
+            env.insert("LAP_AGENT_MCP_SERVERS".to_owned(), json);
         }
         env
     }

@@ -699,6 +699,7 @@ mod tests {
             }],
             harness_token: "htok".into(),
             tools: None,
+            mcp_servers: Vec::new(),
             env: Default::default(),
             placement: Default::default(),
             phases: None,

@@ -601,6 +601,17 @@ async fn agent_tools_env_and_message_parts() {
     assert_eq!(s, StatusCode::OK, "{p}");
     assert_eq!(p["tools"], Value::Null);
     assert_eq!(p["env"], json!({"FEATURE_X": "2"}));
+    assert!(p.get("mcp_servers").is_none(), "none listed: {p}");
+    let servers = json!([{"name": "docs", "url": "https://mcp.example.com/mcp"}]);
+    let (s, p) = call(
+        r,
+        "PATCH",
+        &format!("{A}/agents/{id}"),
+        Some(json!({"mcp_servers": servers})),
+    )
+    .await;
+    assert_eq!(s, StatusCode::OK, "{p}");
+    assert_eq!(p["mcp_servers"], servers);
 
     for (body, field) in [
         (json!({"tools": ["bash", "rm"]}), "tools[1]"),
@@ -613,6 +624,22 @@ async fn agent_tools_env_and_message_parts() {
             "env.ANTHROPIC_API_KEY",
         ),
         (json!({"env": {"1BAD": "x"}}), "env.1BAD"),
+        (
+            json!({"mcp_servers": [{"name": "docs", "url": "ftp://mcp.example.com/x"}]}),
+            "mcp_servers[0].url",
+        ),
+        (
+            json!({"mcp_servers": [{"name": "docs", "url": "not a url"}]}),
+            "mcp_servers[0].url",
+        ),
+        (
+            json!({"mcp_servers": [{"name": "my docs", "url": "https://mcp.example.com/mcp"}]}),
+            "mcp_servers[0].name",
+        ),
+        (
+            json!({"mcp_servers": [{"name": "a", "url": "https://x.example.com/"}, {"name": "a", "url": "https://y.example.com/"}]}),
+            "mcp_servers[1].name",
+        ),
     ] {
         let mut create = json!({"name": unique("bad"), "harness_id": "opencode"});
         for (k, v) in body.as_object().unwrap() {

@@ -102,6 +102,7 @@ fn spec(session: &str) -> SandboxSpec {
         }],
         harness_token: "harness-token-1".into(),
         tools: None,
+        mcp_servers: Vec::new(),
         env: Default::default(),
         placement: Placement::default(),
         phases: None,

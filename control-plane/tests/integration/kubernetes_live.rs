@@ -60,6 +60,7 @@ fn spec(session: &str) -> SandboxSpec {
         secrets: vec![],
         harness_token: "live-token".into(),
         tools: None,
+        mcp_servers: Vec::new(),
         env: Default::default(),
         placement: Placement::default(),
         phases: None,

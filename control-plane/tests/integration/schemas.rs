@@ -62,6 +62,7 @@ fn spec() -> SandboxSpec {
         }],
         harness_token: "htok".into(),
         tools: None,
+        mcp_servers: Vec::new(),
         env: Default::default(),
         placement: Placement {
             resources: Some(Resources {

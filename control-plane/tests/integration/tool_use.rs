@@ -12,7 +12,7 @@ use std::time::Duration;
 
 use lap_test_support::eventually_true;
 use serde_json::{json, Value};
-use support::anthropic::{StandIn, OPENAI_REPLY, REPLY};
+use support::anthropic::{StandIn, MCP_URL, OPENAI_REPLY, REPLY};
 use support::model_script::END;
 use support::server::{on_path, LapServer};
 
@@ -383,4 +383,52 @@ async fn plain_env_reaches_the_agents_commands() {
     .await;
     let reply = r.say(&format!("LAP-RUN: echo \"base=$API_BASE\"{END}")).await;
     assert!(reply.contains("base=https://api.example.com/v1"), "{reply}");
+}
+
+/// An agent's `mcp_servers` reach its CLI: through the vault, the CLI initialises the server and
+/// lists its tools, and the model's request names the server's `lap_probe` tool.
+async fn lists_the_agents_mcp_server(harness: &str) {
+    let r = Running::start(
+        harness,
+        json!({"mcp_servers": [{"name": "probe", "url": MCP_URL}], "allow_out": ["api.anthropic.com", "api.openai.com"]}),
+    )
+    .await;
+    let reply = r.say("hello").await;
+    assert!(!reply.is_empty(), "no reply");
+    let calls = r.standin.mcp_calls.lock().unwrap().clone();
+    assert!(
+        calls.iter().any(|m| m == "initialize") && calls.iter().any(|m| m == "tools/list"),
+        "the MCP server was asked: {calls:?}\nrequests:\n{}",
+        r.requests()
+    );
+    // Offered as a tool, or named where the CLI defers tools until the model searches for them
+    // (Claude Code's ToolSearch, codex's `mcp__probe` namespace).
+    let offered = r
+        .standin
+        .requests
+        .lock()
+        .unwrap()
+        .iter()
+        .any(|b| b.to_string().contains("lap_probe"));
+    assert!(offered, "no model request named lap_probe:\n{}", r.requests());
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn claude_code_lists_the_agents_mcp_server() {
+    lists_the_agents_mcp_server("claude-code").await;
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn claude_agent_sdk_lists_the_agents_mcp_server() {
+    lists_the_agents_mcp_server("claude-agent-sdk").await;
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn opencode_lists_the_agents_mcp_server() {
+    lists_the_agents_mcp_server("opencode").await;
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn codex_lists_the_agents_mcp_server() {
+    lists_the_agents_mcp_server("codex").await;
 }

@@ -91,6 +91,43 @@ pub fn opencode_permission(tools: Option<&[String]>) -> serde_json::Value {
     serde_json::json!({ "permission": p })
 }
 
+/// One of the agent's remote MCP servers (streamable HTTP), from `LAP_AGENT_MCP_SERVERS`.
+#[derive(Debug, Clone, PartialEq, Eq, serde::Deserialize)]
+pub struct McpServer {
+    pub name: String,
+    pub url: String,
+}
+
+/// `LAP_AGENT_MCP_SERVERS`: unset is none; otherwise a JSON array of `{"name","url"}` (the
+/// control plane checked both).
+pub fn parse_mcp_servers(value: Option<&str>) -> Result<Vec<McpServer>, String> {
+    match value.map(str::trim).filter(|v| !v.is_empty()) {
+        None => Ok(Vec::new()),
+        Some(v) => serde_json::from_str(v)
+            .map_err(|e| format!("LAP_AGENT_MCP_SERVERS: not a JSON array of {{\"name\", \"url\"}}: {e}")),
+    }
+}
+
+/// Claude's `--mcp-config` value for `servers`: `{"mcpServers": {NAME: {"type": "http", "url"}}}`.
+pub fn claude_mcp_config(servers: &[McpServer]) -> String {
+    let map: serde_json::Map<String, serde_json::Value> = servers
+        .iter()
+        .map(|m| (m.name.clone(), serde_json::json!({"type": "http", "url": m.url})))
+        .collect();
+    serde_json::json!({ "mcpServers": map }).to_string()
+}
+
+/// Codex's `-c` overrides for `servers`: `mcp_servers.NAME.url="URL"` (a TOML string).
+fn codex_mcp_overrides(servers: &[McpServer]) -> Vec<String> {
+    servers
+        .iter()
+        .flat_map(|m| {
+            let url = serde_json::Value::String(m.url.clone()).to_string();
+            ["-c".to_owned(), format!("mcp_servers.{}.url={url}", m.name)]
+        })
+        .collect()
+}
+
 /// What a message runs with besides its text: the agent's settings.
 #[derive(Debug, Clone, Copy, Default)]
 pub struct RunSettings<'a> {
@@ -98,6 +135,8 @@ pub struct RunSettings<'a> {
     pub prompt: Option<&'a str>,
     /// `None`: every tool (see [`parse_tools`]).
     pub tools: Option<&'a [String]>,
+    /// The agent's remote MCP servers (see [`parse_mcp_servers`]).
+    pub mcp: &'a [McpServer],
 }
 
 /// The agent CLIs a harness can drive.
@@ -241,10 +280,14 @@ impl AgentKind {
                 if let Some(p) = prompt {
                     a.extend(["--append-system-prompt".to_owned(), p.to_owned()]);
                 }
+                if !s.mcp.is_empty() {
+                    a.push(format!("--mcp-config={}", claude_mcp_config(s.mcp)));
+                }
                 a.extend(["--".to_owned(), text.to_owned()]);
             }
             Self::Codex => {
                 a.extend(["exec", "--json", "--skip-git-repo-check"].map(String::from));
+                a.extend(codex_mcp_overrides(s.mcp));
                 let full = s.tools.is_none_or(|t| t.iter().any(|x| x == "bash"));
                 if full {
                     a.push("--dangerously-bypass-approvals-and-sandbox".to_owned());
@@ -283,21 +326,40 @@ impl AgentKind {
         a
     }
 
-    /// Environment for one message beyond the harness's own: opencode's permission
-    /// configuration ([`opencode_permission`]).
+    /// Environment for one message beyond the harness's own: opencode's configuration, its
+    /// permissions ([`opencode_permission`]) and its `mcp` servers (`{"type": "remote", "url"}`);
+    /// for claude with MCP servers, `MCP_CONNECTION_NONBLOCKING=false`.
     pub fn env(self, s: &RunSettings<'_>) -> Vec<(String, String)> {
         match self {
-            Self::Opencode => vec![(
-                "OPENCODE_CONFIG_CONTENT".to_owned(),
-                opencode_permission(s.tools).to_string(),
-            )],
+            Self::Opencode => {
+                let mut config = opencode_permission(s.tools);
+                if !s.mcp.is_empty() {
+                    let mcp: serde_json::Map<String, serde_json::Value> = s
+                        .mcp
+                        .iter()
+                        .map(|m| {
+                            let server = serde_json::json!({"type": "remote", "url": m.url, "enabled": true});
+                            (m.name.clone(), server)
+                        })
+                        .collect();
+                    config["mcp"] = serde_json::Value::Object(mcp);
+                }
+                vec![("OPENCODE_CONFIG_CONTENT".to_owned(), config.to_string())]
+            }
+            // A turn waits for the MCP servers to connect, so their tools are there from its
+            // first request (claude 2.1 otherwise starts with them "still connecting").
+            Self::ClaudeCode | Self::ClaudeAgentSdk if !s.mcp.is_empty() => {
+                vec![("MCP_CONNECTION_NONBLOCKING".to_owned(), "false".to_owned())]
+            }
             _ => Vec::new(),
         }
     }
 
     /// Arguments for the interactive TUI the terminal runs; `None` when the harness has none
     /// (claude-agent-sdk is driven through its message API only).
-    pub fn tui_args(self, model: Option<&str>, prompt: Option<&str>) -> Option<Vec<String>> {
+    /// The agent's MCP servers go in too (claude `--mcp-config`, codex `-c`; opencode reads
+    /// them from `OPENCODE_CONFIG_CONTENT`, [`Self::env`]).
+    pub fn tui_args(self, model: Option<&str>, prompt: Option<&str>, mcp: &[McpServer]) -> Option<Vec<String>> {
         let mut a: Vec<String> = Vec::new();
         match self {
             Self::ClaudeAgentSdk => return None,
@@ -308,8 +370,14 @@ impl AgentKind {
                 if let Some(p) = prompt {
                     a.extend(["--append-system-prompt".to_owned(), p.to_owned()]);
                 }
+                if !mcp.is_empty() {
+                    a.push(format!("--mcp-config={}", claude_mcp_config(mcp)));
+                }
             }
             Self::Codex | Self::Opencode => {
+                if self == Self::Codex {
+                    a.extend(codex_mcp_overrides(mcp));
+                }
                 if let Some(m) = model {
                     a.extend(["-m".to_owned(), m.to_owned()]);
                 }
@@ -622,6 +690,7 @@ mod tests {
         model: None,
         prompt: None,
         tools: None,
+        mcp: &[],
     };
 
     #[test]
@@ -646,11 +715,46 @@ mod tests {
             model: Some("m"),
             prompt: Some("be nice"),
             tools: None,
+            mcp: &[],
         };
         let a = AgentKind::ClaudeCode.args("hi", Some("abc"), &s);
         assert!(a.windows(2).any(|w| w == ["--resume", "abc"]));
         assert!(a.windows(2).any(|w| w == ["--model", "m"]));
         assert!(a.windows(2).any(|w| w == ["--append-system-prompt", "be nice"]));
+    }
+
+    /// The agent's MCP servers reach each CLI in its own configuration.
+    #[test]
+    fn mcp_servers_reach_every_cli() {
+        let mcp = parse_mcp_servers(Some(r#"[{"name":"docs","url":"https://mcp.example.com/mcp"}]"#)).unwrap();
+        let s = RunSettings { mcp: &mcp, ..ALL };
+        let want = r#"--mcp-config={"mcpServers":{"docs":{"type":"http","url":"https://mcp.example.com/mcp"}}}"#;
+        for kind in [AgentKind::ClaudeCode, AgentKind::ClaudeAgentSdk] {
+            let a = kind.args("hi", None, &s);
+            let at = a.iter().position(|x| x == want).expect("--mcp-config");
+            assert_eq!(a[at + 1..], ["--", "hi"], "{a:?}");
+        }
+        let a = AgentKind::Codex.args("hi", None, &s);
+        assert!(
+            a.windows(2)
+                .any(|w| w == ["-c", r#"mcp_servers.docs.url="https://mcp.example.com/mcp""#]),
+            "{a:?}"
+        );
+        let env = AgentKind::Opencode.env(&s);
+        let config: serde_json::Value = serde_json::from_str(&env[0].1).unwrap();
+        assert_eq!(
+            config["mcp"]["docs"],
+            serde_json::json!({"type": "remote", "url": "https://mcp.example.com/mcp", "enabled": true})
+        );
+        assert_eq!(config["permission"], "allow", "the permissions stay");
+        assert_eq!(parse_mcp_servers(None).unwrap(), vec![]);
+        assert!(parse_mcp_servers(Some("{"))
+            .unwrap_err()
+            .contains("LAP_AGENT_MCP_SERVERS"));
+        assert!(AgentKind::ClaudeCode
+            .tui_args(None, None, &mcp)
+            .unwrap()
+            .contains(&want.to_owned()));
     }
 
     #[test]
@@ -802,13 +906,16 @@ mod tests {
 
     #[test]
     fn tui_args() {
-        assert_eq!(AgentKind::ClaudeCode.tui_args(None, None), Some(vec![]));
+        assert_eq!(AgentKind::ClaudeCode.tui_args(None, None, &[]), Some(vec![]));
         assert_eq!(
-            AgentKind::ClaudeCode.tui_args(Some("m"), Some("p")).unwrap(),
+            AgentKind::ClaudeCode.tui_args(Some("m"), Some("p"), &[]).unwrap(),
             ["--model", "m", "--append-system-prompt", "p"]
         );
-        assert_eq!(AgentKind::Codex.tui_args(Some("m"), Some("p")).unwrap(), ["-m", "m"]);
-        assert_eq!(AgentKind::ClaudeAgentSdk.tui_args(None, None), None);
+        assert_eq!(
+            AgentKind::Codex.tui_args(Some("m"), Some("p"), &[]).unwrap(),
+            ["-m", "m"]
+        );
+        assert_eq!(AgentKind::ClaudeAgentSdk.tui_args(None, None, &[]), None);
     }
 
     #[test]

@@ -165,7 +165,11 @@ async fn run(git_token: Option<String>, restarted: bool) -> ExitCode {
         Ok(t) => t,
         Err(e) => return fatal(e),
     };
-    let terminal = kind.tui_args(model.as_deref(), prompt.as_deref()).map(|args| {
+    let mcp = match agent::parse_mcp_servers(std::env::var("LAP_AGENT_MCP_SERVERS").ok().as_deref()) {
+        Ok(m) => m,
+        Err(e) => return fatal(e),
+    };
+    let terminal = kind.tui_args(model.as_deref(), prompt.as_deref(), &mcp).map(|args| {
         Terminal::new(
             TtyCommand {
                 program: bin.clone(),
@@ -195,6 +199,7 @@ async fn run(git_token: Option<String>, restarted: bool) -> ExitCode {
         model,
         prompt,
         tools,
+        mcp,
         conversation: tokio::sync::Mutex::new(None),
         terminal,
         phase: std::sync::RwLock::new(first_phase),

@@ -34,6 +34,8 @@ pub struct Harness {
     pub prompt: Option<String>,
     /// The agent's `tools[]` (`None`: every tool).
     pub tools: Option<Vec<String>>,
+    /// The agent's remote MCP servers.
+    pub mcp: Vec<agent::McpServer>,
     /// The conversation to resume; the lock also serialises messages.
     pub conversation: Mutex<Option<String>>,
     /// The agent's TUI; `None` for harnesses without one (claude-agent-sdk).
@@ -138,6 +140,7 @@ async fn run(
         model: h.model.as_deref(),
         prompt: h.prompt.as_deref(),
         tools: h.tools.as_deref(),
+        mcp: &h.mcp,
     };
     let (tee_tx, mut tee_rx) = tokio::sync::mpsc::unbounded_channel::<String>();
     let all = h.events.clone();

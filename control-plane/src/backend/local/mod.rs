@@ -1209,6 +1209,7 @@ mod tests {
             }],
             harness_token: "tok".into(),
             tools: None,
+            mcp_servers: Vec::new(),
             env: Default::default(),
             placement: Default::default(),
             phases: None,

@@ -355,6 +355,7 @@ mod tests {
             }],
             harness_token: "htok".into(),
             tools: None,
+            mcp_servers: Vec::new(),
             env: Default::default(),
             placement: Placement::default(),
             phases: None,

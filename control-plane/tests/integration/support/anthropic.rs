@@ -5,6 +5,10 @@
 //! (`LAP-RUN:`, `LAP-WRITE:` in the prompt) and then text quoting the tool's result. Every
 //! authorised request body is kept in [`StandIn::requests`]. Certificates come from
 //! `lap_test_support::TestPki`.
+//!
+//! It is also a remote MCP server (streamable HTTP, JSON answers) at
+//! `https://mcp.example.com/mcp` ([`MCP_URL`]), with one tool, `lap_probe`; the JSON-RPC methods
+//! it was called with are kept in [`StandIn::mcp_calls`].
 
 use std::convert::Infallible;
 use std::path::PathBuf;
@@ -25,12 +29,19 @@ pub type Requests = Arc<std::sync::Mutex<Vec<serde_json::Value>>>;
 /// The reply text the stand-in's model gives.
 pub const REPLY: &str = "Hello from the local Anthropic stand-in";
 
+/// The stand-in's MCP endpoint, as an agent's `mcp_servers[].url` names it.
+pub const MCP_URL: &str = "https://mcp.example.com/mcp";
+
+/// The JSON-RPC methods the MCP endpoint was called with, oldest first.
+pub type McpCalls = Arc<std::sync::Mutex<Vec<String>>>;
+
 pub struct StandIn {
     pub port: u16,
     pub ca_path: PathBuf,
     pub authorized: Arc<AtomicUsize>,
     pub rejected: Arc<AtomicUsize>,
     pub requests: Requests,
+    pub mcp_calls: McpCalls,
     _dir: tempfile::TempDir,
     _server: Server,
 }
@@ -41,6 +52,7 @@ async fn handle(
     ok: Arc<AtomicUsize>,
     bad: Arc<AtomicUsize>,
     requests: Requests,
+    mcp_calls: McpCalls,
 ) -> Result<Response<Full<Bytes>>, Infallible> {
     let host = req.uri().host().map(str::to_owned).or_else(|| {
         req.headers()
@@ -68,6 +80,9 @@ async fn handle(
     };
     if host.as_deref() == Some("api.openai.com") {
         return openai(&method, &path, &body, key_ok, &ok, &bad, &requests);
+    }
+    if host.as_deref() == Some("mcp.example.com") {
+        return Ok(mcp(&method, &body, &mcp_calls));
     }
     if !key_ok {
         bad.fetch_add(1, Ordering::SeqCst);
@@ -99,6 +114,49 @@ async fn handle(
         404,
         "application/json",
         r#"{"type":"error","error":{"type":"not_found_error","message":"not here"}}"#.into(),
+    )
+}
+
+/// The MCP endpoint (streamable HTTP transport, MCP 2025-06-18 §"Transports"): `initialize`,
+/// `tools/list` (one tool, `lap_probe`), `tools/call`; notifications get `202`; `GET` (the
+/// server-initiated stream) is `405`, which the transport allows.
+fn mcp(method: &hyper::Method, body: &[u8], calls: &McpCalls) -> Response<Full<Bytes>> {
+    let reply = |status: u16, body: String| {
+        Response::builder()
+            .status(status)
+            .header("content-type", "application/json")
+            .body(Full::new(Bytes::from(body)))
+            .unwrap()
+    };
+    if method != hyper::Method::POST {
+        return reply(405, String::new());
+    }
+    let v: serde_json::Value = serde_json::from_slice(body).unwrap_or_default();
+    let name = v["method"].as_str().unwrap_or_default().to_owned();
+    calls.lock().unwrap().push(name.clone());
+    let Some(id) = v.get("id").cloned() else {
+        return reply(202, String::new());
+    };
+    let result = match name.as_str() {
+        "initialize" => serde_json::json!({
+            "protocolVersion": v["params"]["protocolVersion"].as_str().unwrap_or("2025-06-18"),
+            "capabilities": {"tools": {}},
+            "serverInfo": {"name": "lap-probe", "version": "1.0.0"}
+        }),
+        "tools/list" => serde_json::json!({"tools": [{
+            "name": "lap_probe",
+            "description": "Answers that the MCP server was reached",
+            "inputSchema": {"type": "object", "properties": {}}
+        }]}),
+        "tools/call" => serde_json::json!({"content": [{"type": "text", "text": "the MCP probe answered"}]}),
+        _ => {
+            let e = serde_json::json!({"jsonrpc": "2.0", "id": id, "error": {"code": -32601, "message": "method not found"}});
+            return reply(200, e.to_string());
+        }
+    };
+    reply(
+        200,
+        serde_json::json!({"jsonrpc": "2.0", "id": id, "result": result}).to_string(),
     )
 }
 
@@ -166,7 +224,7 @@ impl StandIn {
         let p = dir.join("base.toml");
         let text = format!(
             "upstream_ca_files = [{:?}]\n\n[resolve]\n\"api.anthropic.com:443\" = \"127.0.0.1:{port}\"\n\
-             \"api.openai.com:443\" = \"127.0.0.1:{port}\"\n",
+             \"api.openai.com:443\" = \"127.0.0.1:{port}\"\n\"mcp.example.com:443\" = \"127.0.0.1:{port}\"\n",
             self.ca_path.display().to_string(),
             port = self.port
         );
@@ -176,19 +234,24 @@ impl StandIn {
 
     pub async fn start(real_key: &str) -> StandIn {
         let dir = tempfile::tempdir().unwrap();
-        let pki = TestPki::new("LAP e2e test CA", &["api.anthropic.com", "api.openai.com"]);
+        let pki = TestPki::new(
+            "LAP e2e test CA",
+            &["api.anthropic.com", "api.openai.com", "mcp.example.com"],
+        );
         let ca_path = pki.write_ca(dir.path(), "test-ca.pem");
         let authorized = Arc::new(AtomicUsize::new(0));
         let rejected = Arc::new(AtomicUsize::new(0));
         let requests: Requests = Arc::default();
-        let (ok, bad, real, reqs) = (
+        let mcp_calls: McpCalls = Arc::default();
+        let (ok, bad, real, reqs, calls) = (
             authorized.clone(),
             rejected.clone(),
             Arc::new(real_key.to_owned()),
             requests.clone(),
+            mcp_calls.clone(),
         );
         let server = serve_https(pki.server_config(&[b"h2", b"http/1.1"]), move |req| {
-            handle(req, real.clone(), ok.clone(), bad.clone(), reqs.clone())
+            handle(req, real.clone(), ok.clone(), bad.clone(), reqs.clone(), calls.clone())
         })
         .await;
         let port = server.addr.port();
@@ -198,6 +261,7 @@ impl StandIn {
             authorized,
             rejected,
             requests,
+            mcp_calls,
             _dir: dir,
             _server: server,
         }
