@@ -30,6 +30,20 @@ pub struct AppConfig {
     pub create_timeout: Duration,
     /// How long audit events are kept (`LAP_AUDIT_RETENTION`).
     pub audit_retention: Duration,
+    /// Where every harness sends its model calls (`LAP_MODEL_GATEWAY_URL`), when set.
+    pub model_gateway: Option<crate::settings::ModelGateway>,
+}
+
+/// The variables that point a harness's CLI at a model gateway at `url`, and the name of the
+/// variable holding its key: claude and the Agent SDK read `ANTHROPIC_BASE_URL` (without `/v1`)
+/// and `ANTHROPIC_API_KEY`; opencode's Anthropic provider (the AI SDK's) the same names, its
+/// base URL with `/v1`; codex `OPENAI_BASE_URL` (with `/v1`) and `OPENAI_API_KEY`.
+fn gateway_env(harness_id: &str, url: &str) -> (Vec<(&'static str, String)>, &'static str) {
+    match harness_id {
+        "codex" => (vec![("OPENAI_BASE_URL", format!("{url}/v1"))], "OPENAI_API_KEY"),
+        "opencode" => (vec![("ANTHROPIC_BASE_URL", format!("{url}/v1"))], "ANTHROPIC_API_KEY"),
+        _ => (vec![("ANTHROPIC_BASE_URL", url.to_owned())], "ANTHROPIC_API_KEY"),
+    }
 }
 
 /// How long a replica's claim on a reconcile pass lasts without renewal: it is renewed every
@@ -624,6 +638,21 @@ impl App {
             registry.push(self.secret_from_row(s)?);
         }
         let agent_bindings = env_vars::validate(&agent.env_vars, &BTreeMap::new(), &agent.spec.env_var_hosts)?;
+        // The model gateway's key, from the registry: without it the agent could not talk to its
+        // model, so the session is refused rather than started broken.
+        let gateway = match &self.config.model_gateway {
+            None => None,
+            Some(g) => {
+                let row = self.store.get_secret(&g.secret).await?.ok_or_else(|| {
+                    ApiError::Conflict(format!(
+                        "the model gateway (LAP_MODEL_GATEWAY_URL) needs its key in the registry as `{}`; \
+                         add it with POST /api/v1/secrets",
+                        g.secret
+                    ))
+                })?;
+                Some((g.clone(), self.secret_from_row(row)?.value))
+            }
+        };
 
         // Later sources win: agent env vars, then registry secrets, then this session's env vars.
         let secrets = {
@@ -661,6 +690,11 @@ impl App {
                     add(&b.name, v, b.hosts, (!b.surfaces.is_empty()).then_some(b.surfaces));
                 }
             }
+            // Last: with a gateway, the model key variable holds the gateway's key, bound to it.
+            if let Some((g, key)) = &gateway {
+                let (_, var) = gateway_env(&agent.spec.harness_id, &g.url);
+                add(var, key, vec![g.binding.clone()], None);
+            }
             secrets
         };
 
@@ -696,7 +730,15 @@ impl App {
             prompt: agent.spec.prompt.clone(),
             repo_url: agent.spec.repo_url.clone(),
             branch: agent.spec.branch.clone(),
-            allow_out: with_mcp_hosts(&agent.spec.allow_out, &agent.spec.mcp_servers),
+            allow_out: {
+                let mut allow = with_mcp_hosts(&agent.spec.allow_out, &agent.spec.mcp_servers);
+                if let Some((g, _)) = &gateway {
+                    if !allow.is_empty() && !allow.contains(&g.binding) {
+                        allow.push(g.binding.clone());
+                    }
+                }
+                allow
+            },
             deny_out: agent.spec.deny_out.clone(),
             secrets: secrets.into_values().collect(),
             tools: agent.spec.tools.clone(),
@@ -705,6 +747,11 @@ impl App {
                 let mut env = agent.spec.env.clone();
                 if let Some(r) = &agent.spec.requirements {
                     env.insert("AGENT_REQUIREMENTS".to_owned(), r.clone());
+                }
+                if let Some((g, _)) = &gateway {
+                    for (k, v) in gateway_env(&agent.spec.harness_id, &g.url).0 {
+                        env.insert(k.to_owned(), v);
+                    }
                 }
                 env
             },

@@ -231,6 +231,9 @@ pub async fn build(settings: &Settings) -> Result<Server, StartError> {
             idle_timeout: settings.idle_timeout,
             create_timeout: settings.create_timeout,
             audit_retention: settings.audit_retention,
+            model_gateway: settings
+                .model_gateway()
+                .map_err(|e| StartError::Config(e.to_string()))?,
         },
     );
     Ok(Server { app, keys })

@@ -93,9 +93,71 @@ pub struct Settings {
     /// nothing of the platform.
     #[arg(long, env = "LAP_LOCAL_SANDBOX_UID", default_value = "10001")]
     pub local_sandbox_uid: u32,
+    /// A model gateway (LiteLLM proxy) every harness sends its model calls to: `https://HOST[:PORT][/PATH]`.
+    #[arg(long, env = "LAP_MODEL_GATEWAY_URL")]
+    pub model_gateway_url: Option<String>,
+    /// The registry secret holding the gateway's key (swapped in by the vault toward the gateway only).
+    #[arg(long, env = "LAP_MODEL_GATEWAY_SECRET", default_value = "LAP_MODEL_GATEWAY_KEY")]
+    pub model_gateway_secret: String,
     /// Kubernetes backend: the settings that shape each session's pod.
     #[command(flatten)]
     pub k8s: KubernetesSettings,
+}
+
+/// The model gateway sessions send their model calls to (`LAP_MODEL_GATEWAY_URL`).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ModelGateway {
+    /// The URL without a trailing `/`.
+    pub url: String,
+    /// What the gateway's key is bound to: its host, with `:PORT` unless 443.
+    pub binding: String,
+    /// The registry secret with the gateway's key (`LAP_MODEL_GATEWAY_SECRET`).
+    pub secret: String,
+}
+
+impl Settings {
+    /// `LAP_MODEL_GATEWAY_URL` checked: `https://` (the vault swaps keys only inside TLS) with a
+    /// host, no query or credentials; `None` when unset.
+    pub fn model_gateway(&self) -> Result<Option<ModelGateway>, SettingError> {
+        const KEY: &str = "LAP_MODEL_GATEWAY_URL";
+        let Some(raw) = self
+            .model_gateway_url
+            .as_deref()
+            .map(str::trim)
+            .filter(|u| !u.is_empty())
+        else {
+            return Ok(None);
+        };
+        let url = reqwest::Url::parse(raw).map_err(|e| setting_error(KEY, format!("`{raw}` is not a URL: {e}")))?;
+        if url.scheme() != "https" {
+            return Err(setting_error(
+                KEY,
+                format!("`{raw}` must be https:// (the vault swaps the gateway's key in only inside TLS)"),
+            ));
+        }
+        let Some(host) = url.host_str().filter(|h| !h.is_empty()) else {
+            return Err(setting_error(KEY, format!("`{raw}` has no host")));
+        };
+        if url.query().is_some() || !url.username().is_empty() || url.password().is_some() {
+            return Err(setting_error(
+                KEY,
+                format!("`{raw}` must not carry a query or credentials"),
+            ));
+        }
+        let binding = match url.port() {
+            Some(p) if p != 443 => format!("{host}:{p}"),
+            _ => host.to_owned(),
+        };
+        let name = self.model_gateway_secret.trim();
+        if name.is_empty() {
+            return Err(setting_error("LAP_MODEL_GATEWAY_SECRET", "must name a registry secret"));
+        }
+        Ok(Some(ModelGateway {
+            url: raw.trim_end_matches('/').to_owned(),
+            binding,
+            secret: name.to_owned(),
+        }))
+    }
 }
 
 /// Settings of the Kubernetes backend (`LAP_BACKEND=kubernetes`). The cluster itself is found
@@ -347,6 +409,47 @@ mod tests {
         for bad in ["", "s", "10x", "-1s", "1.5h", "99999999999999999999h"] {
             assert!(parse_duration(bad).is_err(), "{bad}");
         }
+    }
+
+    /// `LAP_MODEL_GATEWAY_URL`: https with a host, the key's binding with its port unless 443;
+    /// anything else names the key.
+    #[test]
+    fn model_gateway_urls() {
+        let gw = |url: &str| {
+            Settings::try_parse_from(["lap-server", "--model-gateway-url", url])
+                .unwrap()
+                .model_gateway()
+        };
+        assert_eq!(
+            Settings::try_parse_from(["lap-server"])
+                .unwrap()
+                .model_gateway()
+                .unwrap(),
+            None
+        );
+        let g = gw("https://litellm.internal:4000/").unwrap().unwrap();
+        assert_eq!(
+            (g.url.as_str(), g.binding.as_str(), g.secret.as_str()),
+            (
+                "https://litellm.internal:4000",
+                "litellm.internal:4000",
+                "LAP_MODEL_GATEWAY_KEY"
+            )
+        );
+        assert_eq!(
+            gw("https://gw.example.com/litellm").unwrap().unwrap().binding,
+            "gw.example.com"
+        );
+        for bad in [
+            "http://gw.example.com",
+            "gw.example.com",
+            "https://u:p@gw.example.com",
+            "https://gw.example.com/?k=1",
+        ] {
+            let e = gw(bad).unwrap_err();
+            assert_eq!(e.key, "LAP_MODEL_GATEWAY_URL", "{bad}");
+        }
+        assert!(gw("http://gw.example.com").unwrap_err().reason.contains("https://"));
     }
 
     #[test]

@@ -73,6 +73,7 @@ async fn setup(dir: &std::path::Path) -> (FakeKube, Router) {
             idle_timeout: Duration::from_secs(3600),
             create_timeout: Duration::from_secs(60),
             audit_retention: Duration::from_secs(30 * 86_400),
+            model_gateway: None,
         },
     );
     (fake, lap_control_plane::api::router(app))

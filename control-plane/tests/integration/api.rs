@@ -51,6 +51,7 @@ async fn setup(url: Option<String>) -> Harness {
             idle_timeout: Duration::from_secs(3600),
             create_timeout: Duration::from_secs(60),
             audit_retention: Duration::from_secs(30 * 86_400),
+            model_gateway: None,
         },
     );
     Harness {

@@ -54,6 +54,7 @@ async fn setup() -> Harness {
             idle_timeout: Duration::from_secs(3600),
             create_timeout: Duration::from_secs(60),
             audit_retention: Duration::from_secs(30 * 86_400),
+            model_gateway: None,
         },
     );
     let platform = Platform {

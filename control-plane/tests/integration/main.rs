@@ -8,6 +8,7 @@
 //!   runs them.
 //! - [`e2e`], [`tty`], [`tool_use`]: real `lap-server`, `vault-sidecar` and `lap-harness`
 //!   processes with the real agent CLIs against local stand-ins for the model APIs.
+//! - [`gateway`]: a real LiteLLM proxy as the model gateway, in front of the model stand-in.
 //! - [`lifecycle`], [`faults`]: sessions over their lifetime and under the platform cases.
 //! - [`sandbox`], [`netfilter`]: the local sandbox and the pod's netfilter rules, attacked from
 //!   inside.
@@ -30,6 +31,7 @@ mod console_browser;
 mod deploy;
 mod e2e;
 mod faults;
+mod gateway;
 mod kubernetes;
 mod kubernetes_live;
 mod lap_cli;

@@ -69,6 +69,7 @@ async fn app_over(fake: &FakeKube, url: &str, harness_port: u16) -> Arc<App> {
             idle_timeout: Duration::from_secs(3600),
             create_timeout: Duration::from_secs(60),
             audit_retention: Duration::from_secs(30 * 86_400),
+            model_gateway: None,
         },
     )
 }
