@@ -97,6 +97,12 @@ async fn claude_code_talks_to_its_model_through_a_litellm_gateway() {
         on_path("claude"),
         "the claude-code agent is not installed: npm install -g @anthropic-ai/claude-code"
     );
+    through_a_litellm_gateway("claude-code", "lap-gateway-model").await;
+}
+
+/// An agent of `harness` with `model` (the gateway's model name, as the CLI spells it) answers
+/// through the gateway.
+async fn through_a_litellm_gateway(harness: &str, model: &str) {
     let tmp = tempfile::tempdir().unwrap();
     let suffix = lap_control_plane::app::new_id("k").replace('_', "");
     let model_key = format!("sk-ant-api03-REALmodel{suffix}");
@@ -126,7 +132,7 @@ async fn claude_code_talks_to_its_model_through_a_litellm_gateway() {
         .call(
             "POST",
             &format!("{A}/agents"),
-            Some(json!({"name": "through-gateway", "harness_id": "claude-code", "model": "lap-gateway-model"})),
+            Some(json!({"name": "through-gateway", "harness_id": harness, "model": model})),
         )
         .await;
     assert_eq!(s, 201, "{agent}");
