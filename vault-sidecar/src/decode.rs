@@ -9,7 +9,8 @@
 //!
 //! A compressed request body is forwarded as the client sent it, but the stub tripwire reads it
 //! decoded ([`DecodingScanner`]): the same codings, decoded as the chunks go by, so a body toward
-//! a host some stub is not bound to cannot hide that stub in gzip. A coding the sidecar cannot
+//! a host some stub is not bound to cannot hide that stub in gzip; the bytes as sent are scanned
+//! too (a gzip file name is not part of what the body decodes to, but the host receives it). A coding the sidecar cannot
 //! decode is refused (`415`), as is a body that does not decode.
 
 use std::io::{self, Write};
@@ -69,6 +70,16 @@ pub(crate) fn codings(value: &HeaderValue) -> Result<Vec<Coding>, String> {
             Some(None) => {}
             None => return Err(format!("the content coding `{name}`")),
         }
+    }
+    Ok(out)
+}
+
+/// The codings of every `Content-Encoding` field in `headers`, combined in order as one list
+/// (RFC 9110 §5.3: a field sent twice is the list of both); `Err` as [`codings`].
+pub(crate) fn content_codings(headers: &http::HeaderMap) -> Result<Vec<Coding>, String> {
+    let mut out = Vec::new();
+    for value in headers.get_all(http::header::CONTENT_ENCODING) {
+        out.extend(codings(value)?);
     }
     Ok(out)
 }
@@ -163,6 +174,9 @@ impl Write for ScanSink {
 /// found before the chunk that completes it is forwarded. Memory stays bounded by the decoders'
 /// windows: the decoded bytes are scanned, not kept.
 pub(crate) struct DecodingScanner {
+    /// The bytes as they are on the wire: a container's own fields (a gzip file name or comment,
+    /// a zstd skippable frame, brotli metadata) reach the host without decoding to anything.
+    raw: StubScanner,
     input: Box<dyn Write + Send>,
     state: Arc<Mutex<ScanState>>,
     codings: String,
@@ -172,6 +186,7 @@ pub(crate) struct DecodingScanner {
 impl DecodingScanner {
     /// `codings` as [`codings`] returns them (in the order they were applied).
     pub(crate) fn new(codings: &[Coding], scanner: StubScanner, secrets: Arc<SecretSet>) -> io::Result<Self> {
+        let raw = scanner.clone();
         let state = Arc::new(Mutex::new(ScanState {
             scanner,
             secrets,
@@ -189,6 +204,7 @@ impl DecodingScanner {
         }
         let names: Vec<&str> = codings.iter().map(|c| c.name()).collect();
         Ok(Self {
+            raw,
             input: w,
             state,
             codings: names.join(", "),
@@ -196,8 +212,12 @@ impl DecodingScanner {
         })
     }
 
-    /// Decode and scan the next compressed chunk.
+    /// Scan the next compressed chunk as it is, then decoded.
     pub(crate) fn push(&mut self, compressed: &[u8]) -> Result<(), ScanRefusal> {
+        {
+            let state = self.state.lock().unwrap_or_else(PoisonError::into_inner);
+            self.raw.push(&state.secrets, compressed).map_err(ScanRefusal::Stub)?;
+        }
         if self.failed {
             return Err(ScanRefusal::Corrupt(format!(
                 "the request body is not valid {}",

@@ -181,6 +181,9 @@ async fn forward_plain(proxy: Arc<Proxy>, req: Request<Incoming>) -> Response<Pr
     let secrets = snapshot.secrets.clone();
     let ctx = RequestContext::new(proxy.clone(), Mode::Forwarded, target.clone(), snapshot.secrets, &req);
     let (mut parts, body) = req.into_parts();
+    if let Err(r) = head::check_transfer_codings(&parts.headers, &target) {
+        return ctx.refuse(r);
+    }
     strip_hop_by_hop(&mut parts.headers, false);
     // No secret is bound over cleartext: any stub in the head or the body is refused.
     let rules = HostRules::cleartext(&secrets);

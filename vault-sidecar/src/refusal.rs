@@ -55,6 +55,8 @@ pub(crate) enum ErrorKind {
     /// A request body the tripwire must read has a `Content-Encoding` the sidecar cannot decode
     /// (RFC 9110 §15.5.16).
     UnsupportedRequestEncoding,
+    /// A request with a transfer coding other than `chunked` (RFC 9112 §6.1: `501`).
+    UnsupportedTransferCoding,
     Dns,
     Connect,
     ConnectTimeout,
@@ -75,6 +77,7 @@ impl ErrorKind {
             Self::UpstreamProtocol => "upstream-protocol",
             Self::UndecodableEncoding => "undecodable-encoding",
             Self::UnsupportedRequestEncoding => "unsupported-request-encoding",
+            Self::UnsupportedTransferCoding => "unsupported-transfer-coding",
             Self::Dns => "dns",
             Self::Connect => "connect",
             Self::ConnectTimeout => "connect-timeout",
@@ -87,13 +90,14 @@ impl ErrorKind {
     }
 
     /// `400` for the client's own mistakes, `421` for a misdirected request, `415` for a request
-    /// body coding the tripwire cannot read, `500` when a secret
+    /// body coding the tripwire cannot read, `501` for a transfer coding other than chunked, `500` when a secret
     /// cannot be used, `504` for timeouts, `502` for everything the upstream did.
     pub(crate) fn status(self) -> StatusCode {
         match self {
             Self::BadRequest => StatusCode::BAD_REQUEST,
             Self::Misdirected => StatusCode::MISDIRECTED_REQUEST,
             Self::UnsupportedRequestEncoding => StatusCode::UNSUPPORTED_MEDIA_TYPE,
+            Self::UnsupportedTransferCoding => StatusCode::NOT_IMPLEMENTED,
             Self::InvalidSecretValue => StatusCode::INTERNAL_SERVER_ERROR,
             Self::ConnectTimeout | Self::TlsHandshakeTimeout | Self::UpstreamResponseTimeout => {
                 StatusCode::GATEWAY_TIMEOUT

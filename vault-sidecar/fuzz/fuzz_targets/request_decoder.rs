@@ -1,7 +1,8 @@
 //! The request-body tripwire over a compressed body (`decode::DecodingScanner`): a stream the
-//! fuzzer compresses itself (gzip, deflate, zstd), pushed in any chunking, is refused exactly when
-//! the same stream uncompressed is refused by the plain scanner; arbitrary bytes under any coding
-//! are refused, passed or reported as not decoding, never a panic.
+//! fuzzer compresses itself (gzip, deflate, zstd), pushed in any chunking, is refused whenever the
+//! same stream uncompressed is refused by the plain scanner (the compressed bytes are read as
+//! they are too, so it may refuse more); arbitrary bytes under any coding are refused, passed or
+//! reported as not decoding, never a panic.
 #![no_main]
 
 mod common;
@@ -60,5 +61,7 @@ fuzz_target!(|data: &[u8]| {
     let plain = scanner.clone().push(&secrets, &stream).is_err();
     let decoded = scan_compressed(coding, scanner, secrets.clone(), compressed.chunks(chunk))
         .unwrap_or_else(|e| panic!("{coding} of the input did not decode: {e}"));
-    assert_eq!(decoded, plain, "{coding} in chunks of {chunk} disagrees with the plain stream");
+    if plain {
+        assert!(decoded, "{coding} in chunks of {chunk} passed what the plain stream refuses");
+    }
 });

@@ -100,6 +100,7 @@ pub(crate) fn rewrite_request(
     parts.uri = uri.ok_or_else(|| Refusal::bad_request("the request target is not a valid URI"))?;
     parts.version = Version::HTTP_11;
 
+    check_transfer_codings(&parts.headers, target)?;
     strip_hop_by_hop(&mut parts.headers, upgrade);
     parts.headers.remove(header::HOST);
     parts.headers.remove(header::EXPECT);
@@ -167,12 +168,31 @@ pub(crate) fn tripwire_cleartext(
     Ok(())
 }
 
-/// Whether the request body is identity-coded (the only coding whose stubs are swapped).
+/// Whether the request body is identity-coded (the only coding whose stubs are swapped): every
+/// `Content-Encoding` field, if any, says only `identity`.
 pub(crate) fn identity_body(parts: &request::Parts) -> bool {
-    parts
-        .headers
-        .get(header::CONTENT_ENCODING)
-        .is_none_or(|v| v.as_bytes().eq_ignore_ascii_case(b"identity"))
+    decode::content_codings(&parts.headers).is_ok_and(|c| c.is_empty())
+}
+
+/// Only `chunked` is relayed as a transfer coding (RFC 9112 §6.1: a server answers `501` to one
+/// it does not understand). hyper undoes `chunked` and the field is hop-by-hop, so any other
+/// coding (`gzip, chunked`) would reach the upstream undone and unread by the tripwire.
+pub(crate) fn check_transfer_codings(headers: &http::HeaderMap, target: &Target) -> Result<(), Refusal> {
+    for value in headers.get_all(header::TRANSFER_ENCODING) {
+        let text = String::from_utf8_lossy(value.as_bytes());
+        if let Some(other) = text
+            .split(',')
+            .map(str::trim)
+            .find(|c| !c.is_empty() && !c.eq_ignore_ascii_case("chunked"))
+        {
+            return Err(Refusal::failed(
+                ErrorKind::UnsupportedTransferCoding,
+                &target.host,
+                format!("the transfer coding `{other}` is not relayed: only chunked (RFC 9112 §6.1)"),
+            ));
+        }
+    }
+    Ok(())
 }
 
 /// Whether a response to `method` with this status has no body (RFC 9110 §6.4.1).
@@ -191,10 +211,10 @@ pub(crate) fn redact_response(parts: &mut response::Parts, secrets: &SecretSet) 
 /// decoded, `Content-Length`) taken out of the head: the client gets identity. A coding the sidecar
 /// cannot decode refuses: what it cannot redact, it does not relay.
 pub(crate) fn take_codings(parts: &mut response::Parts, host: &TargetHost) -> Result<Vec<Coding>, Refusal> {
-    let Some(encoding) = parts.headers.get(header::CONTENT_ENCODING) else {
+    if !parts.headers.contains_key(header::CONTENT_ENCODING) {
         return Ok(Vec::new());
-    };
-    let codings = decode::codings(encoding).map_err(|what| {
+    }
+    let codings = decode::content_codings(&parts.headers).map_err(|what| {
         Refusal::failed(
             ErrorKind::UndecodableEncoding,
             host,

@@ -137,9 +137,9 @@ pub(crate) async fn request_body(
 
 /// How the tripwire reads this body: as it is, or decoded from its `Content-Encoding`.
 fn body_scan(parts: &request::Parts, scanner: StubScanner, ctx: &RequestContext) -> Result<Scan, Refusal> {
-    let Some(encoding) = parts.headers.get(header::CONTENT_ENCODING) else {
+    if !parts.headers.contains_key(header::CONTENT_ENCODING) {
         return Ok(Scan::Plain(scanner));
-    };
+    }
     let unsupported = |what: String| {
         Refusal::failed(
             ErrorKind::UnsupportedRequestEncoding,
@@ -147,7 +147,7 @@ fn body_scan(parts: &request::Parts, scanner: StubScanner, ctx: &RequestContext)
             format!("{what} of the request body cannot be decoded for the stub tripwire"),
         )
     };
-    let codings = decode::codings(encoding).map_err(unsupported)?;
+    let codings = decode::content_codings(&parts.headers).map_err(unsupported)?;
     if codings.is_empty() {
         return Ok(Scan::Plain(scanner));
     }

@@ -264,6 +264,62 @@ async fn a_compressed_body_is_read_decoded_by_the_tripwire() {
         assert_eq!(out.header("x-vault-error"), Some("bad-request"));
         assert!(out.body_text().contains("not valid gzip"), "{}", out.body_text());
     }
+    // Found by attacking it (the helper's report in the issue-14 note):
+    // - a second Content-Encoding field is part of the list (RFC 9110 §5.3);
+    // - a container's own bytes (a gzip file name, a zstd skippable frame) reach the host
+    //   without decoding to anything, so the bytes as sent are read too;
+    // - a transfer coding other than chunked is a 501, not undone and forwarded unread.
+    let gz = compress("gzip", with_stub.as_bytes());
+    let named = {
+        use std::io::Write as _;
+        let mut e = flate2::GzBuilder::new()
+            .filename(GITHUB_STUB)
+            .write(Vec::new(), flate2::Compression::fast());
+        e.write_all(b"hello").expect("gzip");
+        e.finish().expect("gzip")
+    };
+    let mut skippable = vec![0x50, 0x2a, 0x4d, 0x18];
+    skippable.extend_from_slice(&(GITHUB_STUB.len() as u32).to_le_bytes());
+    skippable.extend_from_slice(GITHUB_STUB.as_bytes());
+    skippable.extend_from_slice(&compress("zstd", b"hello"));
+    for proto in PROTOS {
+        let file = write("two.gz", &gz);
+        let out = h
+            .sidecar
+            .curl()
+            .args([
+                proto,
+                "-H",
+                "content-encoding: identity",
+                "-H",
+                "content-encoding: gzip",
+                "--data-binary",
+            ])
+            .arg(format!("@{}", file.display()))
+            .arg(format!("https://api.anthropic.com/upload?case={proto}-two-fields"))
+            .run()
+            .await;
+        assert_refused(&out, "GITHUB_TOKEN", &format!("{proto} two Content-Encoding fields"));
+        for (coding, bytes, what) in [
+            ("gzip", &named, "gzip file name"),
+            ("zstd", &skippable, "zstd skippable frame"),
+        ] {
+            let file = write("container.z", bytes);
+            let out = post(proto, coding, &file, format!("/upload?case={proto}-container-{coding}")).await;
+            assert_refused(&out, "GITHUB_TOKEN", &format!("{proto} {what}"));
+        }
+    }
+    let file = write("te.gz", &gz);
+    let out = h
+        .sidecar
+        .curl()
+        .args(["--http1.1", "-H", "transfer-encoding: gzip, chunked", "--data-binary"])
+        .arg(format!("@{}", file.display()))
+        .arg("https://api.anthropic.com/upload?case=transfer-gzip")
+        .run()
+        .await;
+    assert_eq!(out.status, 501, "{}", out.body_text());
+    assert_eq!(out.header("x-vault-error"), Some("unsupported-transfer-coding"));
     let leaked: Vec<_> = h
         .upstream
         .requests_to("/upload")
