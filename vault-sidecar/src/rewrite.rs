@@ -152,6 +152,7 @@ impl<'a> HostRules<'a> {
             keep: longest * 2 + 4,
             tail: Vec::new(),
             decoded: Vec::new(),
+            json: None,
         })
     }
 
@@ -375,9 +376,9 @@ impl<'a> HostRules<'a> {
 }
 
 /// The tripwire over a stream (a request body that is not buffered, WebSocket messages from the
-/// client): finds a stub of a secret the host is not bound to, as written, base64/JSON-encoded or
+/// client): finds a stub of a secret the host is not bound to, as written, base64/JSON-encoded,
 /// percent-encoded (up to [`MAX_DECODES`] levels, as [`HostRules::tripwire`] decodes a whole
-/// input), across chunk boundaries. It only looks: the caller forwards a chunk once
+/// input) or written with JSON string escapes (`\u005f`), across chunk boundaries. It only looks: the caller forwards a chunk once
 /// [`StubScanner::push`] has passed it, so a stub is refused before its last byte leaves (its
 /// first bytes may have).
 #[derive(Debug, Clone)]
@@ -391,6 +392,73 @@ pub struct StubScanner {
     /// The stream percent-decoded once, twice, …: a level starts at the first `%` in the one
     /// before it (until then it equals that one, which is already searched).
     decoded: Vec<DecodedLevel>,
+    /// The stream with JSON string escapes undone (`\u005f`, `\/`), from its first `\\`: what a
+    /// body read whole gets from parsing its JSON.
+    json: Option<JsonLevel>,
+}
+
+/// The stream with JSON's escapes (RFC 8259 §7) undone, as far as a stub can hold them: `\uXXXX`
+/// below U+0080 becomes its byte and the one-letter escapes theirs; any other escape stays as
+/// written.
+#[derive(Debug, Clone, Default)]
+struct JsonLevel {
+    /// An escape cut by the chunk boundary (`\`, `\u`, up to `\uXXX`).
+    pending: Vec<u8>,
+    tail: Vec<u8>,
+}
+
+impl JsonLevel {
+    fn decode(&mut self, input: &[u8]) -> Vec<u8> {
+        let mut buf = std::mem::take(&mut self.pending);
+        buf.extend_from_slice(input);
+        let mut out = Vec::with_capacity(buf.len());
+        let mut i = 0;
+        while i < buf.len() {
+            if buf[i] != b'\\' {
+                out.push(buf[i]);
+                i += 1;
+                continue;
+            }
+            let Some(&next) = buf.get(i + 1) else {
+                self.pending = buf[i..].to_vec();
+                return out;
+            };
+            let simple = match next {
+                b'"' => Some(b'"'),
+                b'\\' => Some(b'\\'),
+                b'/' => Some(b'/'),
+                b'b' => Some(0x08),
+                b'f' => Some(0x0c),
+                b'n' => Some(b'\n'),
+                b'r' => Some(b'\r'),
+                b't' => Some(b'\t'),
+                _ => None,
+            };
+            if let Some(b) = simple {
+                out.push(b);
+                i += 2;
+                continue;
+            }
+            if next == b'u' {
+                let hex = &buf[i + 2..buf.len().min(i + 6)];
+                if hex.len() < 4 && hex.iter().all(u8::is_ascii_hexdigit) {
+                    self.pending = buf[i..].to_vec();
+                    return out;
+                }
+                let code = std::str::from_utf8(hex)
+                    .ok()
+                    .and_then(|h| u32::from_str_radix(h, 16).ok());
+                if let Some(c) = code.filter(|c| *c < 0x80 && hex.len() == 4) {
+                    out.push(c as u8);
+                    i += 6;
+                    continue;
+                }
+            }
+            out.push(b'\\');
+            i += 1;
+        }
+        out
+    }
 }
 
 /// One percent-decoded form of the stream.
@@ -435,7 +503,17 @@ impl StubScanner {
         };
         // The tail before this chunk starts the next level's, should this chunk start it.
         let mut before = (self.decoded.is_empty() && chunk.contains(&b'%')).then(|| self.tail.clone());
+        if self.json.is_none() && chunk.contains(&b'\\') {
+            self.json = Some(JsonLevel {
+                pending: Vec::new(),
+                tail: self.tail.clone(),
+            });
+        }
         search(set, bound, keep, &mut self.tail, chunk).map_err(refuse)?;
+        if let Some(json) = &mut self.json {
+            let out = json.decode(chunk);
+            search(set, bound, keep, &mut json.tail, &out).map_err(refuse)?;
+        }
         let mut input = std::borrow::Cow::Borrowed(chunk);
         for depth in 0..MAX_DECODES {
             if depth == self.decoded.len() {
@@ -1046,6 +1124,23 @@ mod tests {
         let rules = HostRules::new(&set, &host("attacker.example"), 443);
         let mut scanner = rules.stub_scanner(Location::Body).expect("unbound secrets");
         stream.chunks(chunk).try_for_each(|c| scanner.push(&set, c))
+    }
+
+    /// A stub written with JSON string escapes in a streamed body is refused at any chunking, as
+    /// in a JSON body read whole (found attacking compressed and large bodies).
+    #[test]
+    fn streamed_json_escaped_stubs_are_refused_at_any_chunking() {
+        let stream = br#"{"a":"ghp\u005fSTUB\u0062bbbbbbbb","b":"\\x"}"#.to_vec();
+        let whole = HostRules::new(&set(), &host("attacker.example"), 443).body(&stream);
+        assert!(whole.is_err(), "the whole body is refused");
+        for chunk in 1..=stream.len() {
+            let e = scan_in_chunks(&stream, chunk).expect_err("refused");
+            assert_eq!(e.secret, "GITHUB_TOKEN", "chunks of {chunk}");
+        }
+        let clean = br#"{"a":"\u00e9\u12\\u005f \/ \n","b":"\"}"#.to_vec();
+        for chunk in 1..=clean.len() {
+            assert!(scan_in_chunks(&clean, chunk).is_ok(), "chunks of {chunk}");
+        }
     }
 
     /// Percent-encoded stubs in a streamed body are refused as in a body read whole: once or

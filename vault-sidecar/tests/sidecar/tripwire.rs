@@ -229,12 +229,17 @@ async fn a_compressed_body_is_read_decoded_by_the_tripwire() {
         file
     };
     let with_stub = format!(r#"{{"messages":[{{"content":"env says GITHUB_TOKEN={GITHUB_STUB}"}}]}}"#);
+    // The same stub with JSON string escapes, as a body read whole is parsed.
+    let escaped = format!(r#"{{"t":"{}"}}"#, GITHUB_STUB.replace('_', "\\u005f"));
     let clean = br#"{"messages":[{"content":"nothing to see"}]}"#.repeat(50);
     for proto in PROTOS {
         for coding in ["gzip", "deflate", "br", "zstd"] {
             let file = write("stub.z", &compress(coding, with_stub.as_bytes()));
             let out = post(proto, coding, &file, format!("/upload?case={proto}-{coding}")).await;
             assert_refused(&out, "GITHUB_TOKEN", &format!("{proto} {coding}"));
+            let file = write("escaped.z", &compress(coding, escaped.as_bytes()));
+            let out = post(proto, coding, &file, format!("/upload?case={proto}-{coding}-escaped")).await;
+            assert_refused(&out, "GITHUB_TOKEN", &format!("{proto} {coding} JSON-escaped"));
 
             let sent = compress(coding, &clean);
             let file = write("clean.z", &sent);
