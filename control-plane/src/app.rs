@@ -96,21 +96,16 @@ fn random_hex(bytes: usize) -> String {
     b.iter().map(|x| format!("{x:02x}")).collect()
 }
 
-/// `allow_out` with each MCP server's host added, when it lists hosts (empty: every host is
-/// allowed already, as the egress policy says).
-fn with_mcp_hosts(allow_out: &[String], servers: &[crate::model::McpServer]) -> Vec<String> {
+/// `allow_out` with `hosts` added (each MCP server's host, the model gateway's), when it lists
+/// hosts (empty: every host is allowed already, as the egress policy says).
+fn allow_also(allow_out: &[String], hosts: impl IntoIterator<Item = String>) -> Vec<String> {
     let mut out = allow_out.to_vec();
     if out.is_empty() {
         return out;
     }
-    for m in servers {
-        if let Some(host) = reqwest::Url::parse(&m.url)
-            .ok()
-            .and_then(|u| u.host_str().map(str::to_owned))
-        {
-            if !out.contains(&host) {
-                out.push(host);
-            }
+    for host in hosts {
+        if !out.contains(&host) {
+            out.push(host);
         }
     }
     out
@@ -730,15 +725,15 @@ impl App {
             prompt: agent.spec.prompt.clone(),
             repo_url: agent.spec.repo_url.clone(),
             branch: agent.spec.branch.clone(),
-            allow_out: {
-                let mut allow = with_mcp_hosts(&agent.spec.allow_out, &agent.spec.mcp_servers);
-                if let Some((g, _)) = &gateway {
-                    if !allow.is_empty() && !allow.contains(&g.binding) {
-                        allow.push(g.binding.clone());
-                    }
-                }
-                allow
-            },
+            allow_out: allow_also(
+                &agent.spec.allow_out,
+                agent
+                    .spec
+                    .mcp_servers
+                    .iter()
+                    .filter_map(|m| reqwest::Url::parse(&m.url).ok()?.host_str().map(str::to_owned))
+                    .chain(gateway.as_ref().map(|(g, _)| g.binding.clone())),
+            ),
             deny_out: agent.spec.deny_out.clone(),
             secrets: secrets.into_values().collect(),
             tools: agent.spec.tools.clone(),

@@ -177,6 +177,7 @@ pub(crate) struct DecodingScanner {
     /// The bytes as they are on the wire: a container's own fields (a gzip file name or comment,
     /// a zstd skippable frame, brotli metadata) reach the host without decoding to anything.
     raw: StubScanner,
+    secrets: Arc<SecretSet>,
     input: Box<dyn Write + Send>,
     state: Arc<Mutex<ScanState>>,
     codings: String,
@@ -189,7 +190,7 @@ impl DecodingScanner {
         let raw = scanner.clone();
         let state = Arc::new(Mutex::new(ScanState {
             scanner,
-            secrets,
+            secrets: secrets.clone(),
             found: None,
         }));
         // The first coding applied is undone last: it wraps the sink; the last applied takes the input.
@@ -205,6 +206,7 @@ impl DecodingScanner {
         let names: Vec<&str> = codings.iter().map(|c| c.name()).collect();
         Ok(Self {
             raw,
+            secrets,
             input: w,
             state,
             codings: names.join(", "),
@@ -214,10 +216,7 @@ impl DecodingScanner {
 
     /// Scan the next compressed chunk as it is, then decoded.
     pub(crate) fn push(&mut self, compressed: &[u8]) -> Result<(), ScanRefusal> {
-        {
-            let state = self.state.lock().unwrap_or_else(PoisonError::into_inner);
-            self.raw.push(&state.secrets, compressed).map_err(ScanRefusal::Stub)?;
-        }
+        self.raw.push(&self.secrets, compressed).map_err(ScanRefusal::Stub)?;
         if self.failed {
             return Err(ScanRefusal::Corrupt(format!(
                 "the request body is not valid {}",

@@ -408,7 +408,10 @@ struct JsonLevel {
 }
 
 impl JsonLevel {
-    fn decode(&mut self, input: &[u8]) -> Vec<u8> {
+    fn decode<'a>(&mut self, input: &'a [u8]) -> std::borrow::Cow<'a, [u8]> {
+        if self.pending.is_empty() && !input.contains(&b'\\') {
+            return input.into();
+        }
         let mut buf = std::mem::take(&mut self.pending);
         buf.extend_from_slice(input);
         let mut out = Vec::with_capacity(buf.len());
@@ -421,7 +424,7 @@ impl JsonLevel {
             }
             let Some(&next) = buf.get(i + 1) else {
                 self.pending = buf[i..].to_vec();
-                return out;
+                return out.into();
             };
             let simple = match next {
                 b'"' => Some(b'"'),
@@ -443,7 +446,7 @@ impl JsonLevel {
                 let hex = &buf[i + 2..buf.len().min(i + 6)];
                 if hex.len() < 4 && hex.iter().all(u8::is_ascii_hexdigit) {
                     self.pending = buf[i..].to_vec();
-                    return out;
+                    return out.into();
                 }
                 let code = std::str::from_utf8(hex)
                     .ok()
@@ -457,7 +460,7 @@ impl JsonLevel {
             out.push(b'\\');
             i += 1;
         }
-        out
+        out.into()
     }
 }
 

@@ -33,6 +33,34 @@ fn assert_refused(out: &CurlOut, secret: &str, what: &str) {
     assert_eq!(body["secret"], secret, "{what}: {body}");
 }
 
+/// A streamed upload of `proto` the tripwire cut off: the client got the refusal (or, when the
+/// upstream answered first, a reset), and the upstream's record of the request whose path ends
+/// with `marker` holds fewer than `below` bytes.
+async fn assert_cut_off(h: &Harness, out: &CurlOut, proto: &str, marker: &str, below: u64) {
+    assert_ne!(out.status, 200, "{proto}: {}", out.body_text());
+    if out.status != 0 {
+        assert_refused(out, "GITHUB_TOKEN", proto);
+    }
+    let seen = eventually(
+        Duration::from_secs(10),
+        "the upstream's record of the cut-off body",
+        || {
+            std::future::ready(
+                h.upstream
+                    .requests_to("/upload")
+                    .into_iter()
+                    .find(|r| r.path.ends_with(marker)),
+            )
+        },
+    )
+    .await;
+    let len = seen.body_len.expect("the upstream read the body");
+    assert!(
+        len < below,
+        "{proto}: the upstream received {len} bytes, not fewer than {below}"
+    );
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_body_carrying_a_stub_toward_a_host_its_secret_is_not_bound_to_is_refused_before_it_leaves() {
     use base64::Engine as _;
@@ -136,29 +164,7 @@ async fn a_large_body_is_cut_off_at_the_first_unbound_stub() {
             .arg(format!("https://api.anthropic.com/upload?proto={proto}"))
             .run()
             .await;
-        // The client gets the refusal, or (if the upstream answered first) a reset.
-        assert_ne!(out.status, 200, "{proto}: {}", out.body_text());
-        if out.status != 0 {
-            assert_refused(&out, "GITHUB_TOKEN", proto);
-        }
-        let seen = eventually(
-            Duration::from_secs(10),
-            "the upstream's record of the cut-off body",
-            || {
-                std::future::ready(
-                    h.upstream
-                        .requests_to("/upload")
-                        .into_iter()
-                        .find(|r| r.path.ends_with(proto)),
-                )
-            },
-        )
-        .await;
-        let len = seen.body_len.expect("the upstream read the body");
-        assert!(
-            len < (at + GITHUB_STUB.len()) as u64,
-            "{proto}: the upstream received {len} bytes, the whole stub"
-        );
+        assert_cut_off(&h, &out, proto, proto, (at + GITHUB_STUB.len()) as u64).await;
     }
     let events = audit_for(&h.sidecar, "/upload").await;
     assert_eq!(events.len(), 2, "{events:#?}");
@@ -342,28 +348,7 @@ async fn a_compressed_body_is_read_decoded_by_the_tripwire() {
     let file = write("big.gz", &sent);
     for proto in PROTOS {
         let out = post(proto, "gzip", &file, format!("/upload?big={proto}")).await;
-        assert_ne!(out.status, 200, "{proto}: {}", out.body_text());
-        if out.status != 0 {
-            assert_refused(&out, "GITHUB_TOKEN", proto);
-        }
-        let seen = eventually(
-            Duration::from_secs(10),
-            "the upstream's record of the cut-off body",
-            || {
-                std::future::ready(
-                    h.upstream
-                        .requests_to("/upload")
-                        .into_iter()
-                        .find(|r| r.path.ends_with(&format!("big={proto}"))),
-                )
-            },
-        )
-        .await;
-        let len = seen.body_len.expect("the upstream read the body");
-        assert!(
-            len < sent.len() as u64,
-            "{proto}: the upstream received the whole body ({len} bytes)"
-        );
+        assert_cut_off(&h, &out, proto, &format!("big={proto}"), sent.len() as u64).await;
     }
     let events: Vec<_> = audit_for(&h.sidecar, "/upload")
         .await
