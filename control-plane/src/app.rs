@@ -37,7 +37,8 @@ pub struct AppConfig {
 /// The variables that point a harness's CLI at a model gateway at `url`, and the name of the
 /// variable holding its key: claude and the Agent SDK read `ANTHROPIC_BASE_URL` (without `/v1`)
 /// and `ANTHROPIC_API_KEY`; opencode's Anthropic provider (the AI SDK's) the same names, its
-/// base URL with `/v1`; codex `OPENAI_BASE_URL` (with `/v1`) and `OPENAI_API_KEY`.
+/// base URL with `/v1`; codex `OPENAI_BASE_URL` (with `/v1`), which the harness turns into a
+/// codex model provider of its own, and `OPENAI_API_KEY`.
 fn gateway_env(harness_id: &str, url: &str) -> (Vec<(&'static str, String)>, &'static str) {
     match harness_id {
         "codex" => (vec![("OPENAI_BASE_URL", format!("{url}/v1"))], "OPENAI_API_KEY"),

@@ -117,15 +117,48 @@ pub fn claude_mcp_config(servers: &[McpServer]) -> String {
     serde_json::json!({ "mcpServers": map }).to_string()
 }
 
-/// Codex's `-c` overrides for `servers`: `mcp_servers.NAME.url="URL"` (a TOML string).
-fn codex_mcp_overrides(servers: &[McpServer]) -> Vec<String> {
-    servers
+/// A TOML basic string holding `s` (JSON's string escapes are TOML's).
+fn toml_string(s: &str) -> String {
+    serde_json::Value::String(s.to_owned()).to_string()
+}
+
+/// The provider name codex's `-c` overrides declare for `OPENAI_BASE_URL` ([`codex_overrides`]).
+const CODEX_PROVIDER: &str = "lap-openai";
+
+/// Codex's `-c` overrides (TOML values):
+/// - for each of `s.mcp`: `mcp_servers.NAME.url="URL"`;
+/// - for `s.openai_base_url`: a model provider of its own at that URL (`model_provider`, and
+///   `model_providers.lap-openai.{name, base_url, env_key = "OPENAI_API_KEY", wire_api =
+///   "responses"}`). Codex 0.171 no longer reads `OPENAI_BASE_URL`, and its built-in `openai`
+///   provider takes no `base_url` from configuration; a provider declared this way is how its
+///   configuration reference points it at a gateway.
+fn codex_overrides(s: &RunSettings<'_>) -> Vec<String> {
+    let mut a: Vec<String> = s
+        .mcp
         .iter()
         .flat_map(|m| {
-            let url = serde_json::Value::String(m.url.clone()).to_string();
-            ["-c".to_owned(), format!("mcp_servers.{}.url={url}", m.name)]
+            [
+                "-c".to_owned(),
+                format!("mcp_servers.{}.url={}", m.name, toml_string(&m.url)),
+            ]
         })
-        .collect()
+        .collect();
+    if let Some(url) = s.openai_base_url {
+        let p = CODEX_PROVIDER;
+        for kv in [
+            format!("model_provider={}", toml_string(p)),
+            format!(
+                "model_providers.{p}.name={}",
+                toml_string("OpenAI API at OPENAI_BASE_URL")
+            ),
+            format!("model_providers.{p}.base_url={}", toml_string(url)),
+            format!("model_providers.{p}.env_key={}", toml_string("OPENAI_API_KEY")),
+            format!("model_providers.{p}.wire_api={}", toml_string("responses")),
+        ] {
+            a.extend(["-c".to_owned(), kv]);
+        }
+    }
+    a
 }
 
 /// What a message runs with besides its text: the agent's settings.
@@ -137,6 +170,9 @@ pub struct RunSettings<'a> {
     pub tools: Option<&'a [String]>,
     /// The agent's remote MCP servers (see [`parse_mcp_servers`]).
     pub mcp: &'a [McpServer],
+    /// `OPENAI_BASE_URL` as the harness got it (a model gateway's, for codex): codex is pointed
+    /// at it with `-c` overrides ([`codex_overrides`]); the other CLIs read the variable.
+    pub openai_base_url: Option<&'a str>,
 }
 
 /// The agent CLIs a harness can drive.
@@ -287,7 +323,7 @@ impl AgentKind {
             }
             Self::Codex => {
                 a.extend(["exec", "--json", "--skip-git-repo-check"].map(String::from));
-                a.extend(codex_mcp_overrides(s.mcp));
+                a.extend(codex_overrides(s));
                 let full = s.tools.is_none_or(|t| t.iter().any(|x| x == "bash"));
                 if full {
                     a.push("--dangerously-bypass-approvals-and-sandbox".to_owned());
@@ -326,13 +362,20 @@ impl AgentKind {
         a
     }
 
-    /// Environment for one message beyond the harness's own: opencode's configuration, its
-    /// permissions ([`opencode_permission`]) and its `mcp` servers (`{"type": "remote", "url"}`);
-    /// for claude with MCP servers, `MCP_CONNECTION_NONBLOCKING=false`.
+    /// Environment for one message (and for the TUI) beyond the harness's own: opencode's
+    /// configuration, its permissions ([`opencode_permission`]), the agent's model declared under
+    /// its provider (`provider.P.models.M = {}`: opencode refuses a model its catalogue
+    /// (models.dev) does not list, as a model gateway's own names are; for a listed model the
+    /// empty entry changes nothing, opencode merges it over the catalogue's) and its `mcp`
+    /// servers (`{"type": "remote", "url"}`); for claude with MCP servers,
+    /// `MCP_CONNECTION_NONBLOCKING=false`.
     pub fn env(self, s: &RunSettings<'_>) -> Vec<(String, String)> {
         match self {
             Self::Opencode => {
                 let mut config = opencode_permission(s.tools);
+                if let Some((provider, model)) = s.model.and_then(|m| m.split_once('/')) {
+                    config["provider"] = serde_json::json!({ provider: { "models": { model: {} } } });
+                }
                 if !s.mcp.is_empty() {
                     let mcp: serde_json::Map<String, serde_json::Value> = s
                         .mcp
@@ -358,8 +401,9 @@ impl AgentKind {
     /// Arguments for the interactive TUI the terminal runs; `None` when the harness has none
     /// (claude-agent-sdk is driven through its message API only).
     /// The agent's MCP servers go in too (claude `--mcp-config`, codex `-c`; opencode reads
-    /// them from `OPENCODE_CONFIG_CONTENT`, [`Self::env`]).
-    pub fn tui_args(self, model: Option<&str>, prompt: Option<&str>, mcp: &[McpServer]) -> Option<Vec<String>> {
+    /// them from `OPENCODE_CONFIG_CONTENT`, [`Self::env`]), and codex's model provider.
+    pub fn tui_args(self, s: &RunSettings<'_>) -> Option<Vec<String>> {
+        let (model, prompt, mcp) = (s.model, s.prompt, s.mcp);
         let mut a: Vec<String> = Vec::new();
         match self {
             Self::ClaudeAgentSdk => return None,
@@ -376,7 +420,7 @@ impl AgentKind {
             }
             Self::Codex | Self::Opencode => {
                 if self == Self::Codex {
-                    a.extend(codex_mcp_overrides(mcp));
+                    a.extend(codex_overrides(s));
                 }
                 if let Some(m) = model {
                     a.extend(["-m".to_owned(), m.to_owned()]);
@@ -691,6 +735,7 @@ mod tests {
         prompt: None,
         tools: None,
         mcp: &[],
+        openai_base_url: None,
     };
 
     #[test]
@@ -714,8 +759,7 @@ mod tests {
         let s = RunSettings {
             model: Some("m"),
             prompt: Some("be nice"),
-            tools: None,
-            mcp: &[],
+            ..ALL
         };
         let a = AgentKind::ClaudeCode.args("hi", Some("abc"), &s);
         assert!(a.windows(2).any(|w| w == ["--resume", "abc"]));
@@ -751,10 +795,7 @@ mod tests {
         assert!(parse_mcp_servers(Some("{"))
             .unwrap_err()
             .contains("LAP_AGENT_MCP_SERVERS"));
-        assert!(AgentKind::ClaudeCode
-            .tui_args(None, None, &mcp)
-            .unwrap()
-            .contains(&want.to_owned()));
+        assert!(AgentKind::ClaudeCode.tui_args(&s).unwrap().contains(&want.to_owned()));
     }
 
     #[test]
@@ -815,6 +856,56 @@ mod tests {
         let env = AgentKind::Opencode.env(&ALL);
         assert_eq!(env[0].0, "OPENCODE_CONFIG_CONTENT");
         assert!(AgentKind::ClaudeCode.env(&ALL).is_empty());
+    }
+
+    /// opencode is told the agent's model exists under its provider (a gateway's own model name
+    /// is in no catalogue); a model without a provider adds nothing.
+    #[test]
+    fn opencode_declares_the_model_under_its_provider() {
+        let config = |model| {
+            let env = AgentKind::Opencode.env(&RunSettings { model, ..ALL });
+            serde_json::from_str::<serde_json::Value>(&env[0].1).unwrap()
+        };
+        let c = config(Some("anthropic/lap-gateway-model"));
+        assert_eq!(
+            c["provider"],
+            serde_json::json!({"anthropic": {"models": {"lap-gateway-model": {}}}})
+        );
+        assert_eq!(c["permission"], "allow", "the permissions stay");
+        assert_eq!(config(Some("bare-model")).get("provider"), None);
+        assert_eq!(config(None).get("provider"), None);
+    }
+
+    /// With `OPENAI_BASE_URL`, codex runs (messages and TUI) get a provider at that URL that
+    /// reads its key from `OPENAI_API_KEY` and speaks the Responses API; without it, none.
+    #[test]
+    fn codex_is_pointed_at_openai_base_url() {
+        let s = RunSettings {
+            openai_base_url: Some("http://127.0.0.1:4000/v1"),
+            ..ALL
+        };
+        let want = [
+            r#"model_provider="lap-openai""#,
+            r#"model_providers.lap-openai.name="OpenAI API at OPENAI_BASE_URL""#,
+            r#"model_providers.lap-openai.base_url="http://127.0.0.1:4000/v1""#,
+            r#"model_providers.lap-openai.env_key="OPENAI_API_KEY""#,
+            r#"model_providers.lap-openai.wire_api="responses""#,
+        ];
+        for a in [
+            AgentKind::Codex.args("hi", None, &s),
+            AgentKind::Codex.tui_args(&s).unwrap(),
+        ] {
+            for kv in want {
+                assert!(a.windows(2).any(|w| w == ["-c", kv]), "{kv} in {a:?}");
+            }
+        }
+        assert!(!AgentKind::Codex
+            .args("hi", None, &ALL)
+            .iter()
+            .any(|x| x.contains("model_provider")));
+        for kind in [AgentKind::ClaudeCode, AgentKind::Opencode] {
+            assert!(!kind.args("hi", None, &s).iter().any(|x| x.contains("model_provider")));
+        }
     }
 
     #[test]
@@ -906,16 +997,18 @@ mod tests {
 
     #[test]
     fn tui_args() {
-        assert_eq!(AgentKind::ClaudeCode.tui_args(None, None, &[]), Some(vec![]));
+        let mp = RunSettings {
+            model: Some("m"),
+            prompt: Some("p"),
+            ..ALL
+        };
+        assert_eq!(AgentKind::ClaudeCode.tui_args(&ALL), Some(vec![]));
         assert_eq!(
-            AgentKind::ClaudeCode.tui_args(Some("m"), Some("p"), &[]).unwrap(),
+            AgentKind::ClaudeCode.tui_args(&mp).unwrap(),
             ["--model", "m", "--append-system-prompt", "p"]
         );
-        assert_eq!(
-            AgentKind::Codex.tui_args(Some("m"), Some("p"), &[]).unwrap(),
-            ["-m", "m"]
-        );
-        assert_eq!(AgentKind::ClaudeAgentSdk.tui_args(None, None, &[]), None);
+        assert_eq!(AgentKind::Codex.tui_args(&mp).unwrap(), ["-m", "m"]);
+        assert_eq!(AgentKind::ClaudeAgentSdk.tui_args(&ALL), None);
     }
 
     #[test]

@@ -169,17 +169,29 @@ async fn run(git_token: Option<String>, restarted: bool) -> ExitCode {
         Ok(m) => m,
         Err(e) => return fatal(e),
     };
-    let terminal = kind.tui_args(model.as_deref(), prompt.as_deref(), &mcp).map(|args| {
+    let openai_base_url = env("OPENAI_BASE_URL");
+    // The TUI gets the CLI's configuration a message run gets (opencode's permissions, model
+    // and MCP servers; codex's model provider).
+    let settings = agent::RunSettings {
+        model: model.as_deref(),
+        prompt: prompt.as_deref(),
+        tools: tools.as_deref(),
+        mcp: &mcp,
+        openai_base_url: openai_base_url.as_deref(),
+    };
+    let terminal = kind.tui_args(&settings).map(|args| {
+        let mut env: Vec<(String, String)> = vec![
+            ("TERM".into(), "xterm-256color".into()),
+            ("COLORTERM".into(), "truecolor".into()),
+            ("DISABLE_AUTOUPDATER".into(), "1".into()),
+            ("CLAUDE_CODE_DISABLE_NONESSENTIAL_TRAFFIC".into(), "1".into()),
+        ];
+        env.extend(kind.env(&settings));
         Terminal::new(
             TtyCommand {
                 program: bin.clone(),
                 args,
-                env: vec![
-                    ("TERM".into(), "xterm-256color".into()),
-                    ("COLORTERM".into(), "truecolor".into()),
-                    ("DISABLE_AUTOUPDATER".into(), "1".into()),
-                    ("CLAUDE_CODE_DISABLE_NONESSENTIAL_TRAFFIC".into(), "1".into()),
-                ],
+                env,
                 env_remove: vec!["HARNESS_AUTH_TOKEN".into(), "PORT".into(), "LAP_HARNESS_SOCKET".into()],
             },
             workspace.clone(),
@@ -200,6 +212,7 @@ async fn run(git_token: Option<String>, restarted: bool) -> ExitCode {
         prompt,
         tools,
         mcp,
+        openai_base_url,
         conversation: tokio::sync::Mutex::new(None),
         terminal,
         phase: std::sync::RwLock::new(first_phase),

@@ -36,6 +36,8 @@ pub struct Harness {
     pub tools: Option<Vec<String>>,
     /// The agent's remote MCP servers.
     pub mcp: Vec<agent::McpServer>,
+    /// `OPENAI_BASE_URL` (see [`agent::RunSettings::openai_base_url`]).
+    pub openai_base_url: Option<String>,
     /// The conversation to resume; the lock also serialises messages.
     pub conversation: Mutex<Option<String>>,
     /// The agent's TUI; `None` for harnesses without one (claude-agent-sdk).
@@ -141,6 +143,7 @@ async fn run(
         prompt: h.prompt.as_deref(),
         tools: h.tools.as_deref(),
         mcp: &h.mcp,
+        openai_base_url: h.openai_base_url.as_deref(),
     };
     let (tee_tx, mut tee_rx) = tokio::sync::mpsc::unbounded_channel::<String>();
     let all = h.events.clone();
