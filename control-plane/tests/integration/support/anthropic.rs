@@ -78,7 +78,9 @@ async fn handle(
             .body(Full::new(Bytes::from(body)))
             .unwrap())
     };
-    if host.as_deref() == Some("api.openai.com") {
+    // The Responses API by host, or by path for a caller that names no OpenAI host (a model
+    // gateway calling `https://127.0.0.1:PORT/v1/responses`).
+    if host.as_deref() == Some("api.openai.com") || path == "/v1/responses" {
         return openai(&method, &path, &body, key_ok, &ok, &bad, &requests);
     }
     if host.as_deref() == Some("mcp.example.com") {

@@ -7,6 +7,7 @@ pub mod anthropic;
 pub mod browser;
 pub mod fake_cli;
 pub mod fake_kube;
+pub mod gateway;
 pub mod model_script;
 pub mod server;
 pub mod tmux;
