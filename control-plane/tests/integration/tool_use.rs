@@ -236,6 +236,18 @@ async fn claude_code_refuses_a_tool_the_agent_does_not_list() {
 }
 
 #[tokio::test(flavor = "multi_thread")]
+async fn claude_agent_sdk_refuses_a_tool_the_agent_does_not_list() {
+    unlisted_tool_is_refused("claude-agent-sdk").await;
+}
+
+/// codex has no per-tool switch: a list without `bash` runs it with `--sandbox read-only`, so
+/// its command is refused.
+#[tokio::test(flavor = "multi_thread")]
+async fn codex_refuses_a_tool_the_agent_does_not_list() {
+    unlisted_tool_is_refused("codex").await;
+}
+
+#[tokio::test(flavor = "multi_thread")]
 async fn opencode_refuses_a_tool_the_agent_does_not_list() {
     unlisted_tool_is_refused("opencode").await;
 }
@@ -252,9 +264,8 @@ fn pids_running(argv: &[&str]) -> Vec<i32> {
 
 /// `POST /sessions/{id}/abort` while the agent runs a long command: that message answers 409,
 /// the command is gone, the session stays ready and the next message works.
-#[tokio::test(flavor = "multi_thread")]
-async fn abort_stops_the_running_turn_and_the_session_stays_ready() {
-    let r = Running::start("claude-code", json!({})).await;
+async fn abort_stops_the_running_turn_and_the_session_stays_ready(harness: &str) {
+    let r = Running::start(harness, json!({})).await;
     let (s, v) = r
         .server
         .call("POST", &format!("{A}/sessions/{}/abort", r.sid), None)
@@ -309,9 +320,8 @@ async fn abort_stops_the_running_turn_and_the_session_stays_ready() {
 
 /// `POST /sessions/{id}/restart`: a new harness in the same sandbox (its `boot` differs), the
 /// workspace's files kept, and it answers messages.
-#[tokio::test(flavor = "multi_thread")]
-async fn restart_replaces_the_harness_and_keeps_the_workspace() {
-    let r = Running::start("claude-code", json!({})).await;
+async fn restart_replaces_the_harness_and_keeps_the_workspace(harness: &str) {
+    let r = Running::start(harness, json!({})).await;
     let reply = r
         .say(&format!("LAP-WRITE: {WORKSPACE}/kept.txt = before restart{END}"))
         .await;
@@ -337,6 +347,46 @@ async fn restart_replaces_the_harness_and_keeps_the_workspace() {
     );
     let reply = r.say(&format!("LAP-RUN: cat kept.txt{END}")).await;
     assert!(reply.contains("before restart"), "{reply}");
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn claude_code_abort_stops_the_running_turn() {
+    abort_stops_the_running_turn_and_the_session_stays_ready("claude-code").await;
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn claude_agent_sdk_abort_stops_the_running_turn() {
+    abort_stops_the_running_turn_and_the_session_stays_ready("claude-agent-sdk").await;
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn codex_abort_stops_the_running_turn() {
+    abort_stops_the_running_turn_and_the_session_stays_ready("codex").await;
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn opencode_abort_stops_the_running_turn() {
+    abort_stops_the_running_turn_and_the_session_stays_ready("opencode").await;
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn claude_code_restart_keeps_the_workspace() {
+    restart_replaces_the_harness_and_keeps_the_workspace("claude-code").await;
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn claude_agent_sdk_restart_keeps_the_workspace() {
+    restart_replaces_the_harness_and_keeps_the_workspace("claude-agent-sdk").await;
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn codex_restart_keeps_the_workspace() {
+    restart_replaces_the_harness_and_keeps_the_workspace("codex").await;
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn opencode_restart_keeps_the_workspace() {
+    restart_replaces_the_harness_and_keeps_the_workspace("opencode").await;
 }
 
 /// An agent's `requirements` run in the workspace at bring-up; a failing one fails the session

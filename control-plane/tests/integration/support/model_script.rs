@@ -324,7 +324,13 @@ pub fn openai_turn(body: &Value, reply: &str) -> Result<OpenAiCall, String> {
             last["type"].as_str(),
             Some("function_call_output" | "custom_tool_call_output")
         ) {
-            return Err(format!("Tool result: {}", openai_output_text(&last["output"])));
+            let out = openai_output_text(&last["output"]);
+            let refused = if exited_non_zero(&out) {
+                " (the tool failed)"
+            } else {
+                ""
+            };
+            return Err(format!("Tool result{refused}: {out}"));
         }
     }
     let text = input
@@ -399,6 +405,17 @@ pub fn openai_turn(body: &Value, reply: &str) -> Result<OpenAiCall, String> {
         }
         None => Err(plain_reply(reply, &results)),
     }
+}
+
+/// Whether a codex tool output reports a failed command: its `Process exited with code N` (or
+/// the older `Exit code: N`) line with `N` not 0. The Responses API has no `is_error`.
+fn exited_non_zero(output: &str) -> bool {
+    output.lines().any(|l| {
+        let code = l
+            .strip_prefix("Process exited with code ")
+            .or_else(|| l.strip_prefix("Exit code: "));
+        code.and_then(|c| c.trim().parse::<i64>().ok()).is_some_and(|c| c != 0)
+    })
 }
 
 /// A Responses `*_call_output`'s `output`: a string (codex sometimes wraps it in JSON with an
@@ -608,6 +625,15 @@ mod tests {
             json!({"type": "function_call_output", "call_id": "c", "output": "a.txt\n"}),
         ]);
         assert_eq!(openai_turn(&second, "r"), Err("Tool result: a.txt\n".into()));
+        let mut failed = first.clone();
+        failed["input"].as_array_mut().unwrap().extend([
+            json!({"type": "function_call", "call_id": "c", "name": "exec_command", "arguments": "{}"}),
+            json!({"type": "function_call_output", "call_id": "c",
+                "output": "Wall time: 0.0 seconds\nProcess exited with code 1\nOutput:\nbwrap: failed\n"}),
+        ]);
+        let reply = openai_turn(&failed, "r").unwrap_err();
+        assert!(reply.starts_with("Tool result (the tool failed): "), "{reply}");
+        assert!(!exited_non_zero("Process exited with code 0\n"));
         let write = json!({"tools": tools, "input": [{"type": "message", "role": "user",
             "content": [{"type": "input_text", "text": "LAP-WRITE: /w/n.txt = hello"}]}]});
         assert_eq!(
