@@ -60,6 +60,12 @@ async fn claude_code_talks_to_its_model_through_a_litellm_gateway() {
     t.assert_no_real_key_logged();
 }
 
+/// The Agent SDK's bundled CLI reads the same variables claude does.
+#[tokio::test(flavor = "multi_thread")]
+async fn claude_agent_sdk_talks_to_its_model_through_a_litellm_gateway() {
+    through_a_litellm_gateway("claude-agent-sdk", "lap-gateway-model", Upstream::Anthropic, REPLY).await;
+}
+
 /// opencode names the gateway's model under its Anthropic provider (whose base URL is the
 /// gateway's `/v1`); the harness declares that model in opencode's configuration, since
 /// opencode's catalogue does not list it.
