@@ -116,24 +116,8 @@ async fn main() {
 
     let gw_dir = tmp.path().join("gateway");
     std::fs::create_dir_all(&gw_dir).unwrap();
-    let gw_base = standin.base_config(&gw_dir);
-    gateway.add_to_base_config(&gw_base);
-    let via = LapServer::start(
-        &gw_dir.join("data"),
-        &[
-            ("LAP_SIDECAR_BASE_CONFIG", gw_base.display().to_string()),
-            ("LAP_MODEL_GATEWAY_URL", "https://gateway.example.com".to_owned()),
-        ],
-    )
-    .await;
-    let (s, v) = via
-        .call(
-            "POST",
-            "/api/v1/secrets",
-            Some(json!({"name": "LAP_MODEL_GATEWAY_KEY", "value": gateway_key, "hosts": ["gateway.example.com"]})),
-        )
-        .await;
-    assert_eq!(s, 201, "{v}");
+    let via = gateway.lap_server(&standin, &gw_dir).await;
+    Gateway::register_key(&via, &gateway_key).await;
     let via_sid = ready_session(&via, "lap-gateway-model", json!({})).await;
 
     // Warm-up: the CLI's first start, the vault's first leaf and upstream connection, LiteLLM's

@@ -124,16 +124,7 @@ async fn through_a_litellm_gateway(harness: &str, model: &str, upstream: Upstrea
     let standin = StandIn::start(&model_key).await;
     let gw = Gateway::start(tmp.path(), &standin, upstream, &model_key, &gateway_key).await;
 
-    let base = standin.base_config(tmp.path());
-    gw.add_to_base_config(&base);
-    let server = LapServer::start(
-        &tmp.path().join("data"),
-        &[
-            ("LAP_SIDECAR_BASE_CONFIG", base.display().to_string()),
-            ("LAP_MODEL_GATEWAY_URL", "https://gateway.example.com".to_owned()),
-        ],
-    )
-    .await;
+    let server = gw.lap_server(&standin, tmp.path()).await;
     let (s, agent) = server
         .call(
             "POST",
@@ -151,14 +142,7 @@ async fn through_a_litellm_gateway(harness: &str, model: &str, upstream: Upstrea
     assert_eq!(s, 409, "{v}");
     assert!(v["error"].as_str().unwrap().contains("LAP_MODEL_GATEWAY_KEY"), "{v}");
 
-    let (s, v) = server
-        .call(
-            "POST",
-            "/api/v1/secrets",
-            Some(json!({"name": "LAP_MODEL_GATEWAY_KEY", "value": gateway_key, "hosts": ["gateway.example.com"]})),
-        )
-        .await;
-    assert_eq!(s, 201, "{v}");
+    Gateway::register_key(&server, &gateway_key).await;
     let (s, session) = server
         .call("POST", &format!("{A}/agents/{aid}/session"), Some(json!({})))
         .await;

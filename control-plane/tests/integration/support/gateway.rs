@@ -8,7 +8,7 @@ use std::time::Duration;
 use lap_test_support::{eventually, TestPki};
 
 use super::anthropic::StandIn;
-use super::server::on_path;
+use super::server::{on_path, LapServer};
 
 /// The LiteLLM proxy CLI: `LAP_TEST_LITELLM`, else `litellm` on PATH (.ci/run installs it).
 pub fn litellm() -> PathBuf {
@@ -119,9 +119,36 @@ impl Gateway {
         }
     }
 
+    /// A `lap-server` with its data in `dir` whose sessions send their model calls to this
+    /// gateway (`LAP_MODEL_GATEWAY_URL`), their vaults reaching it and `standin`.
+    pub async fn lap_server(&self, standin: &StandIn, dir: &std::path::Path) -> LapServer {
+        let base = standin.base_config(dir);
+        self.add_to_base_config(&base);
+        LapServer::start(
+            &dir.join("data"),
+            &[
+                ("LAP_SIDECAR_BASE_CONFIG", base.display().to_string()),
+                ("LAP_MODEL_GATEWAY_URL", "https://gateway.example.com".to_owned()),
+            ],
+        )
+        .await
+    }
+
+    /// Register `key` as the gateway's key (`LAP_MODEL_GATEWAY_KEY`) with `server`.
+    pub async fn register_key(server: &LapServer, key: &str) {
+        let (s, v) = server
+            .call(
+                "POST",
+                "/api/v1/secrets",
+                Some(serde_json::json!({"name": "LAP_MODEL_GATEWAY_KEY", "value": key, "hosts": ["gateway.example.com"]})),
+            )
+            .await;
+        assert_eq!(s, 201, "{v}");
+    }
+
     /// Make a `LAP_SIDECAR_BASE_CONFIG` file (the stand-in's [`StandIn::base_config`]) trust
     /// the gateway's CA toward upstreams and resolve `gateway.example.com:443` to it.
-    pub fn add_to_base_config(&self, base: &std::path::Path) {
+    fn add_to_base_config(&self, base: &std::path::Path) {
         let text = std::fs::read_to_string(base).unwrap();
         let text = text.replacen(
             "upstream_ca_files = [",
