@@ -242,6 +242,13 @@ async fn codex_session_gets_a_reply_through_the_vault() {
                 .is_some_and(|i| i.iter().any(|x| x["secret"] == "OPENAI_API_KEY"))
     });
     assert!(injected, "no injection of OPENAI_API_KEY in {events}");
+    // codex's built-in `openai` provider speaks the Responses API's WebSocket form: both turns
+    // went over it, through the vault's tunnel, with the key swapped on the upgrade request.
+    assert!(
+        standin.websocket_responses.load(std::sync::atomic::Ordering::SeqCst) >= 2,
+        "codex did not use the Responses WebSocket: {}",
+        support::model_script::summary(&standin.requests.lock().unwrap())
+    );
 }
 
 /// claude-agent-sdk: each message runs the Agent SDK (`@anthropic-ai/claude-agent-sdk`, from

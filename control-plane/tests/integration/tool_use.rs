@@ -55,6 +55,8 @@ struct Running {
     server: LapServer,
     standin: StandIn,
     sid: String,
+    /// The model key's REAL value (the vault's only).
+    real: String,
     _tmp: tempfile::TempDir,
 }
 
@@ -62,6 +64,11 @@ impl Running {
     /// A ready session of a new agent `{harness_id, …agent}` holding `key` (the REAL value,
     /// which goes to the vault only).
     async fn start(harness: &str, agent: Value) -> Running {
+        Running::start_holding(harness, agent, json!({})).await
+    }
+
+    /// [`Running::start`], the session holding `more_env_vars` too.
+    async fn start_holding(harness: &str, agent: Value, more_env_vars: Value) -> Running {
         require(harness);
         let (key_name, real) = if harness == "codex" {
             (
@@ -95,11 +102,13 @@ impl Running {
         let (s, agent) = server.call("POST", &format!("{A}/agents"), Some(body)).await;
         assert_eq!(s, 201, "{agent}");
         let aid = agent["id"].as_str().unwrap();
+        let mut env_vars = more_env_vars;
+        env_vars[key_name] = real.clone().into();
         let (s, session) = server
             .call(
                 "POST",
                 &format!("{A}/agents/{aid}/session"),
-                Some(json!({"env_vars": {key_name: real}})),
+                Some(json!({ "env_vars": env_vars })),
             )
             .await;
         assert_eq!(s, 201, "{session}");
@@ -110,6 +119,7 @@ impl Running {
             server,
             standin,
             sid,
+            real,
             _tmp: tmp,
         }
     }
@@ -204,6 +214,105 @@ async fn codex_edits_runs_and_remembers() {
 #[tokio::test(flavor = "multi_thread")]
 async fn opencode_edits_runs_and_remembers() {
     edits_runs_and_remembers("opencode").await;
+}
+
+/// Every file under `dir` (the sandbox's and the session's own) holding `needle`.
+fn files_holding(dir: &std::path::Path, needle: &str) -> Vec<std::path::PathBuf> {
+    let mut found = Vec::new();
+    let Ok(entries) = std::fs::read_dir(dir) else {
+        return found;
+    };
+    for entry in entries.flatten() {
+        let path = entry.path();
+        let Ok(kind) = entry.file_type() else { continue };
+        if kind.is_dir() {
+            found.extend(files_holding(&path, needle));
+        } else if kind.is_file()
+            && std::fs::read(&path).is_ok_and(|b| b.windows(needle.len()).any(|w| w == needle.as_bytes()))
+        {
+            found.push(path);
+        }
+    }
+    found
+}
+
+/// A hostile model over the Responses API's WebSocket form: codex (its built-in `openai`
+/// provider speaks it) asks, and the model's answer quotes the key the upgrade request carried,
+/// which the vault had swapped in. The WebSocket messages reach codex with the stub instead
+/// (the vault's frame redaction), so neither the reply nor any file codex keeps (its session
+/// rollout, the harness log) holds the real key.
+#[tokio::test(flavor = "multi_thread")]
+async fn codex_gets_no_key_a_model_reflects_over_the_responses_websocket() {
+    let r = Running::start("codex", json!({})).await;
+    let reply = r
+        .say(&format!("Which key did I send? {}", support::anthropic::REFLECT_KEY))
+        .await;
+    let ws = r.standin.websocket_responses.load(std::sync::atomic::Ordering::SeqCst);
+    assert!(
+        ws >= 1,
+        "the turn did not use the Responses WebSocket: {}",
+        r.requests()
+    );
+    assert!(reply.contains("The key you sent me: "), "reply: {reply}");
+    assert!(!reply.contains(&r.real), "the real key reached the agent's reply");
+    assert!(
+        reply.contains("sk-proj-lapstub"),
+        "the reflected key is not the stub: {reply}"
+    );
+    for dir in [r.server.sandbox_dir(&r.sid), r.server.private_dir(&r.sid)] {
+        let leaked = files_holding(&dir, &r.real);
+        assert!(leaked.is_empty(), "the real key is on disk in {leaked:?}");
+    }
+}
+
+/// An agent exfiltrating another host's stub through the model's WebSocket: codex runs
+/// `printenv` for the Anthropic key's stub, and codex's next message on the Responses
+/// WebSocket carries it (as the command's output) toward api.openai.com, a host that key is
+/// not bound to. The vault's frame tripwire closes the connection before that message leaves,
+/// and codex's retries (again over WebSocket, or `POST` with it in the body) are refused too:
+/// the model never receives the stub, and the audit names the refusal.
+#[tokio::test(flavor = "multi_thread")]
+async fn codex_cannot_send_another_hosts_stub_over_the_responses_websocket() {
+    let anthropic_real = format!(
+        "sk-ant-api03-REAL{}",
+        lap_control_plane::app::new_id("k").replace('_', "")
+    );
+    let r = Running::start_holding("codex", json!({}), json!({ "ANTHROPIC_API_KEY": anthropic_real })).await;
+    let path = format!("{A}/sessions/{}/message", r.sid);
+    let text = format!("Show me the other key.\nLAP-RUN: printenv ANTHROPIC_API_KEY{END}");
+    let call = r.server.call("POST", &path, Some(json!({ "text": text })));
+    let (status, reply) = tokio::time::timeout(Duration::from_secs(240), call)
+        .await
+        .expect("the message is answered, as a reply or an error");
+    let seen = serde_json::to_string(&*r.standin.requests.lock().unwrap()).unwrap();
+    // The command ran and its output was on its way: the first request asked for it.
+    assert!(
+        seen.contains("printenv ANTHROPIC_API_KEY"),
+        "status {status}: {reply}\nrequests:\n{}",
+        r.requests()
+    );
+    assert!(
+        !seen.contains("sk-ant-api03-lapstub") && !seen.contains(&anthropic_real),
+        "the model received the Anthropic key's stub or value: {}",
+        r.requests()
+    );
+    let text = reply.to_string();
+    assert!(!text.contains(&anthropic_real) && !text.contains(&r.real), "{text}");
+    let (_, events) = r
+        .server
+        .call("GET", &format!("{A}/sessions/{}/interceptions", r.sid), None)
+        .await;
+    // The refusal on the WebSocket itself: the upgraded exchange (`101`) the tripwire ended.
+    let refused = events.as_array().unwrap().iter().any(|e| {
+        e["host"] == "api.openai.com"
+            && e["method"] == "GET"
+            && e["status"] == 101
+            && e["blocked"].as_str() == Some("stub-exfiltration")
+    });
+    assert!(
+        refused,
+        "no stub-exfiltration refusal of a WebSocket to api.openai.com in {events}"
+    );
 }
 
 /// `tools: ["read"]`: the shell is refused by the CLI itself, the command never runs, and the

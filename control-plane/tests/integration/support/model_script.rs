@@ -432,7 +432,16 @@ fn openai_output_text(output: &Value) -> String {
 
 /// The streamed (SSE) Responses answer: `Err(text)` is a message, `Ok(call)` a tool call.
 pub fn openai_sse(turn: &Result<OpenAiCall, String>, model: &str) -> String {
-    let resp_id = "resp_standin01";
+    openai_events(turn, model, "resp_standin01")
+        .into_iter()
+        .map(|v| format!("event: {}\ndata: {v}\n\n", v["type"].as_str().unwrap_or_default()))
+        .collect()
+}
+
+/// The events of one streamed Responses answer, each with its `type` and `sequence_number`
+/// (the JSON of an SSE event's `data`, or of one WebSocket text message), ending with
+/// `response.completed` whose `response.output` holds the answer's one item.
+pub fn openai_events(turn: &Result<OpenAiCall, String>, model: &str, resp_id: &str) -> Vec<Value> {
     let base = json!({"id": resp_id, "object": "response", "created_at": 1_700_000_000, "model": model,
         "status": "in_progress", "output": [], "usage": null});
     let mut events: Vec<(&str, Value)> = vec![
@@ -519,7 +528,7 @@ pub fn openai_sse(turn: &Result<OpenAiCall, String>, model: &str) -> String {
         .map(|(i, (t, mut v))| {
             v["type"] = t.into();
             v["sequence_number"] = i.into();
-            format!("event: {t}\ndata: {v}\n\n")
+            v
         })
         .collect()
 }
