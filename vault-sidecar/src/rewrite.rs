@@ -657,6 +657,9 @@ pub struct StreamRewriter {
     /// Replacement by pattern id; `None` leaves that pattern's matches as they are.
     replacements: Arc<[Option<Bytes>]>,
     max_len: usize,
+    /// The bytes some pattern starts with, as a 256-bit set: the hold-back check looks at a
+    /// suffix only when its first byte is one.
+    first_bytes: [u64; 4],
     carry: BytesMut,
     /// Number of replacements made, by pattern id.
     hits: Vec<u64>,
@@ -671,12 +674,17 @@ impl StreamRewriter {
     ) -> Self {
         let (patterns, replacements) = (patterns.into(), replacements.into());
         let max_len = patterns.iter().map(Bytes::len).max().unwrap_or(0);
+        let mut first_bytes = [0u64; 4];
+        for b in patterns.iter().filter_map(|p| p.first()) {
+            first_bytes[usize::from(b >> 6)] |= 1 << (b & 63);
+        }
         let hits = vec![0; patterns.len()];
         Self {
             ac: ac.into(),
             patterns,
             replacements,
             max_len,
+            first_bytes,
             carry: BytesMut::new(),
             hits,
         }
@@ -749,10 +757,13 @@ impl StreamRewriter {
             .rev()
             .find(|&k| {
                 let suffix = &buf[buf.len() - k..];
-                // First byte before the comparison: most suffixes start with no pattern's first byte.
-                self.patterns
-                    .iter()
-                    .any(|p| p.len() > k && p[0] == suffix[0] && p.starts_with(suffix))
+                // Most suffixes start with no pattern's first byte: one bit test, no pattern read.
+                let b = suffix[0];
+                self.first_bytes[usize::from(b >> 6)] & (1 << (b & 63)) != 0
+                    && self
+                        .patterns
+                        .iter()
+                        .any(|p| p.len() > k && p[0] == b && p.starts_with(suffix))
             })
             .unwrap_or(0)
     }
