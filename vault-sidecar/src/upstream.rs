@@ -1,9 +1,13 @@
 //! Connections to upstreams: resolution (`[resolve]` first, then DNS), TCP with `TCP_NODELAY`,
 //! verified TLS with its own ALPN negotiation, and pooling.
 //!
-//! Pooling is hyper-util's legacy client, keyed by scheme and authority; one client per ALPN offer
-//! ([`Upstreams::h2_or_h1`] for ordinary requests, [`Upstreams::h1_only`] for WebSocket upgrades and
-//! `http://` forwarding). SNI is the CONNECT target's name (none for IP targets).
+//! Pooling is hyper-util's legacy client, keyed by scheme and authority; one client per ALPN offer:
+//! [`Upstreams::h2_or_h1`] for an h2 client's requests and any request with a body,
+//! [`Upstreams::h1_first`] for an HTTP/1.x client's requests without a body (the upstream is
+//! offered what the client speaks, `http/1.1`, and `h2` only when it refuses that with a
+//! `no_application_protocol` alert, RFC 7301 §3.2, as an h2-only server does),
+//! [`Upstreams::h1_only`] for WebSocket upgrades and `http://` forwarding. SNI is the CONNECT
+//! target's name (none for IP targets).
 //!
 //! Failures are [`UpstreamError`]s with a stable [`UpstreamError::kind`] that becomes the
 //! `X-Vault-Error` header of the `502`/`504` the client gets.
@@ -90,6 +94,18 @@ pub(crate) enum UpstreamError {
 }
 
 impl UpstreamError {
+    /// The upstream refused the handshake's ALPN offer (a `no_application_protocol` alert, RFC
+    /// 7301 §3.2).
+    fn refused_alpn(&self) -> bool {
+        let Self::Handshake { source, .. } = self else {
+            return false;
+        };
+        matches!(
+            source.get_ref().and_then(|e| e.downcast_ref::<rustls::Error>()),
+            Some(rustls::Error::AlertReceived(rustls::AlertDescription::NoApplicationProtocol))
+        )
+    }
+
     /// The `X-Vault-Error` kind; `None` for an address the egress policy refuses, which is a block
     /// (`X-Vault-Blocked: egress-policy`), not an error: see [`crate::refusal::Refusal::upstream`].
     pub(crate) fn kind(&self) -> Option<ErrorKind> {
@@ -231,25 +247,36 @@ pub(crate) fn root_store(extra_files: &[PathBuf]) -> Result<rustls::RootCertStor
 pub(crate) struct Connector {
     resolver: Resolver,
     tls: TlsConnector,
+    /// Offered on a new connection when the upstream refused `tls`'s ALPN offer.
+    fallback: Option<TlsConnector>,
     connects: Counter,
 }
 
+/// A TLS client configuration trusting `roots`, offering `alpn`.
+fn tls_connector(roots: &Arc<rustls::RootCertStore>, alpn: &[&[u8]]) -> TlsConnector {
+    let mut config = ClientConfig::builder_with_provider(Arc::new(rustls::crypto::ring::default_provider()))
+        .with_safe_default_protocol_versions()
+        .expect("ring supports the default protocol versions")
+        .with_root_certificates(roots.clone())
+        .with_no_client_auth();
+    config.alpn_protocols = alpn.iter().map(|p| p.to_vec()).collect();
+    TlsConnector::from(Arc::new(config))
+}
+
 impl Connector {
+    /// Offers `alpn`; when the upstream answers that offer with a `no_application_protocol`
+    /// alert, connects again offering `fallback` (if any).
     pub(crate) fn new(
         resolver: Resolver,
         roots: Arc<rustls::RootCertStore>,
         alpn: &[&[u8]],
+        fallback: Option<&[&[u8]]>,
         connects: Counter,
     ) -> Self {
-        let mut config = ClientConfig::builder_with_provider(Arc::new(rustls::crypto::ring::default_provider()))
-            .with_safe_default_protocol_versions()
-            .expect("ring supports the default protocol versions")
-            .with_root_certificates(roots)
-            .with_no_client_auth();
-        config.alpn_protocols = alpn.iter().map(|p| p.to_vec()).collect();
         Self {
             resolver,
-            tls: TlsConnector::from(Arc::new(config)),
+            tls: tls_connector(&roots, alpn),
+            fallback: fallback.map(|alpn| tls_connector(&roots, alpn)),
             connects,
         }
     }
@@ -268,16 +295,34 @@ impl Connector {
             TargetHost::Ip(ip) => ServerName::IpAddress((*ip).into()),
             TargetHost::Name(n) => ServerName::try_from(n.clone()).map_err(|_| UpstreamError::BadName(n.clone()))?,
         };
-        let tls = match tokio::time::timeout(HANDSHAKE_TIMEOUT, self.tls.connect(name, tcp)).await {
-            Err(_) => return Err(UpstreamError::HandshakeTimeout { host: host.to_string() }),
-            Ok(Err(source)) => return Err(classify_handshake(&host, source)),
-            Ok(Ok(tls)) => tls,
+        let tls = match handshake(&self.tls, &host, name.clone(), tcp).await {
+            Err(e) if e.refused_alpn() && self.fallback.is_some() => {
+                let tcp = self.resolver.connect(&host, port).await?;
+                self.connects.inc();
+                let fallback = self.fallback.as_ref().expect("checked above");
+                handshake(fallback, &host, name, tcp).await?
+            }
+            other => other?,
         };
         let h2 = tls.get_ref().1.alpn_protocol() == Some(b"h2");
         Ok(UpstreamIo::Tls {
             io: Box::new(TokioIo::new(tls)),
             h2,
         })
+    }
+}
+
+/// The TLS handshake over `tcp`, within [`HANDSHAKE_TIMEOUT`].
+async fn handshake(
+    tls: &TlsConnector,
+    host: &TargetHost,
+    name: ServerName<'static>,
+    tcp: TcpStream,
+) -> Result<TlsStream<TcpStream>, UpstreamError> {
+    match tokio::time::timeout(HANDSHAKE_TIMEOUT, tls.connect(name, tcp)).await {
+        Err(_) => Err(UpstreamError::HandshakeTimeout { host: host.to_string() }),
+        Ok(Err(source)) => Err(classify_handshake(host, source)),
+        Ok(Ok(tls)) => Ok(tls),
     }
 }
 
@@ -391,8 +436,14 @@ pub(crate) type PooledClient = Client<Connector, ProxyBody>;
 /// The pooled clients of one sidecar.
 #[derive(Clone)]
 pub(crate) struct Upstreams {
-    /// Offers `h2` and `http/1.1`; ordinary requests.
+    /// Offers `h2` and `http/1.1`; an h2 client's requests, and requests with a body (over h2 an
+    /// early answer survives an unread body: K08).
     pub h2_or_h1: PooledClient,
+    /// Offers `http/1.1`, then `h2` and `http/1.1` to an upstream that refuses it; an HTTP/1.x
+    /// client's requests without a body. The client's own protocol end to end where the
+    /// upstream speaks it: no translation to h2 (whose stream and HPACK machinery was 12 % of
+    /// such a request's instructions, `benches/instructions.sh h1`).
+    pub h1_first: PooledClient,
     /// Offers only `http/1.1`; WebSocket upgrades (RFC 6455 needs HTTP/1.1) and `http://`.
     pub h1_only: PooledClient,
     pub resolver: Resolver,
@@ -400,7 +451,7 @@ pub(crate) struct Upstreams {
 
 impl Upstreams {
     pub(crate) fn new(resolver: Resolver, roots: Arc<rustls::RootCertStore>, connects: Counter) -> Self {
-        let build = |alpn: &[&[u8]]| {
+        let build = |alpn: &[&[u8]], fallback: Option<&[&[u8]]>| {
             Client::builder(TokioExecutor::new())
                 .timer(TokioTimer::new())
                 .pool_timer(TokioTimer::new())
@@ -409,11 +460,12 @@ impl Upstreams {
                 .http2_adaptive_window(true)
                 // As on the client side (intercept.rs): one TLS record per small request.
                 .http1_writev(false)
-                .build(Connector::new(resolver.clone(), roots.clone(), alpn, connects.clone()))
+                .build(Connector::new(resolver.clone(), roots.clone(), alpn, fallback, connects.clone()))
         };
         Self {
-            h2_or_h1: build(&[b"h2", b"http/1.1"]),
-            h1_only: build(&[b"http/1.1"]),
+            h2_or_h1: build(&[b"h2", b"http/1.1"], None),
+            h1_first: build(&[b"http/1.1"], Some(&[b"h2", b"http/1.1"])),
+            h1_only: build(&[b"http/1.1"], None),
             resolver,
         }
     }

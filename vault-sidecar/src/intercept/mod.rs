@@ -177,6 +177,12 @@ impl Tunnel {
         ctx: &mut RequestContext,
     ) -> Result<(Response<Incoming>, Option<hyper::upgrade::OnUpgrade>), Refusal> {
         let upgrade = is_upgrade(req.headers());
+        // An HTTP/1.x request without a body goes to the upstream as HTTP/1.1 where it speaks it;
+        // one with a body goes over h2 where it can: an upstream that answers early (a 401 before
+        // reading an upload) and closes an HTTP/1.1 connection can lose that answer to the reset
+        // its unread body causes, where h2 resets the stream only (K08, RFC 9113 §8.1).
+        let bodiless_h1 = req.version() <= http::Version::HTTP_11
+            && hyper::body::Body::size_hint(req.body()).exact() == Some(0);
         let client_upgrade = upgrade.then(|| hyper::upgrade::on(&mut req));
         let (mut parts, body) = req.into_parts();
         let body = crate::body::DrainOnDrop::new(body);
@@ -204,10 +210,13 @@ impl Tunnel {
         let body = relay::request_body(body, &mut parts, &rules, ctx).await?;
 
         // Send.
+        let upstreams = &self.proxy.upstreams;
         let client = if upgrade {
-            &self.proxy.upstreams.h1_only
+            &upstreams.h1_only
+        } else if bodiless_h1 {
+            &upstreams.h1_first
         } else {
-            &self.proxy.upstreams.h2_or_h1
+            &upstreams.h2_or_h1
         };
         ctx.prepared = ctx.elapsed();
         let sent_at = Instant::now();

@@ -94,6 +94,36 @@ async fn k01_curl_http1_1_with_h2_only_upstream() {
     assert_eq!(rec.header("x-api-key"), Some(ANTHROPIC_REAL));
 }
 
+/// K01's other side: an upstream that speaks both. An http/1.1 client's request without a body
+/// reaches it as HTTP/1.1 (offered only `http/1.1`: no translation to h2), one with a body as h2
+/// (K08: over h2 an early answer survives an unread body); the key is swapped either way.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn k01_curl_http1_1_keeps_http1_1_upstream_when_it_has_no_body() {
+    let h = Harness::start(Alpn::Both, |_| {}).await;
+    for (args, want) in [
+        (vec!["--http1.1"], "HTTP/1.1"),
+        (vec!["--http1.1", "--data-binary", "{\"a\":1}"], "HTTP/2.0"),
+        (vec!["--http2"], "HTTP/2.0"),
+    ] {
+        let out = h
+            .sidecar
+            .curl()
+            .args(args.iter().copied())
+            .arg("-H")
+            .arg(format!("x-api-key: {ANTHROPIC_STUB}"))
+            .arg("https://api.anthropic.com/echo")
+            .run()
+            .await
+            .ok();
+        assert_eq!(out.status, 200, "{args:?}: {}", out.body_text());
+        let seen = h.upstream.requests_to("/echo");
+        let rec = seen.last().expect("the upstream saw the request");
+        assert_eq!(rec.version, want, "{args:?}: the protocol the upstream was spoken");
+        assert_eq!(rec.header("x-api-key"), Some(ANTHROPIC_REAL), "{args:?}");
+    }
+    assert_eq!(h.upstream.requests_to("/echo").len(), 3);
+}
+
 // K02: HEAD, 204, 304 then a GET over one kept-alive HTTP/1.1 connection, h2 upstream.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn k02_head_204_304_keepalive_then_get() {
