@@ -51,28 +51,24 @@ pub(crate) fn strip_hop_by_hop(headers: &mut HeaderMap, keep_upgrade: bool) {
         .filter(|t| !(keep_upgrade && t.eq_ignore_ascii_case("upgrade")))
         .filter_map(|t| HeaderName::from_bytes(t.as_bytes()).ok())
         .collect();
-    for name in named {
-        if !(keep_upgrade && name == header::UPGRADE) {
-            headers.remove(&name);
-        }
-    }
-    headers.remove(header::CONNECTION);
-    headers.remove("proxy-connection");
-    headers.remove("keep-alive");
-    for name in FIXED {
-        headers.remove(name);
-    }
     let te_trailers = headers
         .get(header::TE)
         .is_some_and(|v| v.as_bytes().eq_ignore_ascii_case(b"trailers"));
-    headers.remove(header::TE);
+    // One pass over the names, then one removal per name present (usually just `Connection`),
+    // instead of a removal (a hash) for every name that could be there.
+    let doomed: Vec<HeaderName> = headers
+        .keys()
+        .filter(|n| !(keep_upgrade && *n == header::UPGRADE) && (is_hop_by_hop(n) || named.contains(n)))
+        .cloned()
+        .collect();
+    for name in &doomed {
+        headers.remove(name);
+    }
     if te_trailers {
         headers.insert(header::TE, HeaderValue::from_static("trailers"));
     }
     if keep_upgrade {
         headers.insert(header::CONNECTION, HeaderValue::from_static("upgrade"));
-    } else {
-        headers.remove(header::UPGRADE);
     }
 }
 

@@ -15,6 +15,17 @@ use crate::secrets::SecretSet;
 
 /// Whether a request's authority (h2 `:authority`, else `Host`) names the CONNECT target.
 pub(crate) fn authority_matches(parts: &request::Parts, target: &Target) -> bool {
+    // The common case first, without parsing: `Host: name:port` exactly as the CONNECT target.
+    if parts.uri.authority().is_none() {
+        if let (Some(host), TargetHost::Name(name)) = (parts.headers.get(header::HOST), &target.host) {
+            let named = host.to_str().ok().and_then(|h| h.rsplit_once(':')).is_some_and(|(h, port)| {
+                h.eq_ignore_ascii_case(name) && port.parse::<u16>().is_ok_and(|p| p == target.port)
+            });
+            if named {
+                return true;
+            }
+        }
+    }
     let from_host;
     let authority = match parts.uri.authority() {
         Some(a) => a,
@@ -300,6 +311,24 @@ mod tests {
         assert!(!authority_matches(&request("/", &[("host", "evil.example")]), &t));
         assert!(!authority_matches(&request("https://evil.example/", &[]), &t));
         assert!(!authority_matches(&request("/", &[]), &t), "HTTP/1.1 without Host");
+        // `name:port` (the unparsed fast path) and its near misses.
+        // An empty port is the scheme's default (RFC 3986 §3.2.3).
+        for same in [
+            "API.anthropic.com:443",
+            "api.anthropic.com.:443",
+            "api.anthropic.com:0443",
+            "api.anthropic.com:",
+        ] {
+            assert!(authority_matches(&request("/", &[("host", same)]), &t), "{same}");
+        }
+        for other in [
+            "api.anthropic.com:443:443",
+            "evil.example:443",
+            "api.anthropic.com.evil.example:443",
+            ":443",
+        ] {
+            assert!(!authority_matches(&request("/", &[("host", other)]), &t), "{other}");
+        }
     }
 
     #[test]
