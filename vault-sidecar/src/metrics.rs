@@ -31,9 +31,17 @@ pub(crate) struct ErrorLabels {
 }
 
 /// All metrics of one sidecar.
+/// The `mode` labels of `vault_requests_total`, in the order of [`Metrics::request_counters`].
+pub(crate) const MODES: [&str; 3] = ["intercepted", "forwarded", "tunnel"];
+/// The `class` labels, in the same order.
+const CLASSES: [&str; 5] = ["1xx", "2xx", "3xx", "4xx", "5xx"];
+
 pub(crate) struct Metrics {
     pub registry: Registry,
     pub requests: Family<RequestLabels, Counter>,
+    /// Each `requests` series once it exists, by mode and class: a request's count is one
+    /// increment, not a hash of its labels (a series still appears only once counted).
+    request_counters: [[std::sync::OnceLock<Counter>; CLASSES.len()]; MODES.len()],
     pub injections: Family<InjectionLabels, Counter>,
     pub redactions: Family<InjectionLabels, Counter>,
     pub blocked: Family<BlockLabels, Counter>,
@@ -115,6 +123,7 @@ impl Default for Metrics {
         Self {
             registry,
             requests,
+            request_counters: Default::default(),
             injections,
             redactions,
             blocked,
@@ -133,12 +142,20 @@ impl Default for Metrics {
 impl Metrics {
     /// One request answered with `status` (`vault_requests_total{mode, class}`).
     pub(crate) fn count_request(&self, mode: &'static str, status: u16) {
-        self.requests
-            .get_or_create(&RequestLabels {
-                mode,
-                class: status_class(status),
-            })
-            .inc();
+        let class = status_class(status);
+        let series = || {
+            self.requests
+                .get_or_create(&RequestLabels { mode, class })
+                .clone()
+        };
+        let slot = MODES.iter().position(|m| *m == mode).and_then(|m| {
+            let c = CLASSES.iter().position(|c| *c == class)?;
+            Some(&self.request_counters[m][c])
+        });
+        match slot {
+            Some(slot) => slot.get_or_init(series).inc(),
+            None => series().inc(),
+        };
     }
 
     /// A refusal: `vault_blocked_total{reason}` for a block (or a misdirected request),
@@ -168,5 +185,32 @@ pub(crate) fn status_class(status: u16) -> &'static str {
         3 => "3xx",
         4 => "4xx",
         _ => "5xx",
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::intercept::context::Mode;
+
+    #[test]
+    fn every_mode_has_its_cached_series() {
+        for mode in [Mode::Intercepted, Mode::Forwarded, Mode::Tunnel] {
+            assert!(MODES.contains(&mode.as_str()), "{}", mode.as_str());
+        }
+    }
+
+    #[test]
+    fn cached_and_uncached_counts_land_in_the_same_series() {
+        let m = Metrics::default();
+        m.count_request("intercepted", 200);
+        m.count_request("intercepted", 204);
+        m.count_request("intercepted", 502);
+        m.count_request("some-other-mode", 200);
+        let text = m.encode();
+        assert!(text.contains(r#"vault_requests_total{mode="intercepted",class="2xx"} 2"#), "{text}");
+        assert!(text.contains(r#"vault_requests_total{mode="intercepted",class="5xx"} 1"#), "{text}");
+        assert!(text.contains(r#"vault_requests_total{mode="some-other-mode",class="2xx"} 1"#), "{text}");
+        assert!(!text.contains(r#"class="4xx""#), "a series appears only once counted: {text}");
     }
 }
