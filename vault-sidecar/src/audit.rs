@@ -55,6 +55,71 @@ pub(crate) struct AuditEvent {
     pub duration_us: u64,
 }
 
+/// A JSON string (RFC 8259 §7), escaped by serde_json.
+fn json_str(buf: &mut Vec<u8>, s: &str) {
+    // Writing to a Vec cannot fail, and a `str` always serializes.
+    let _ = serde_json::to_writer(&mut *buf, s);
+}
+
+fn json_u64(buf: &mut Vec<u8>, n: u64) {
+    buf.extend_from_slice(itoa::Buffer::new().format(n).as_bytes());
+}
+
+impl AuditEvent {
+    /// The event's fields as its `Serialize` writes them (the same names, order and skipped
+    /// `None`s), without the braces: the keys written as they are (they need no escaping) and
+    /// the values through serde_json, instead of serde's struct machinery escaping every key
+    /// (callgrind: about a fifth of the event's serialization).
+    fn write_fields(&self, buf: &mut Vec<u8>) {
+        buf.extend_from_slice(b"\"run\":");
+        json_str(buf, &self.run);
+        buf.extend_from_slice(b",\"seq\":");
+        json_u64(buf, self.seq);
+        buf.extend_from_slice(b",\"time\":");
+        json_str(buf, &self.time);
+        buf.extend_from_slice(b",\"method\":");
+        json_str(buf, &self.method);
+        buf.extend_from_slice(b",\"host\":");
+        json_str(buf, &self.host);
+        buf.extend_from_slice(b",\"port\":");
+        json_u64(buf, self.port.into());
+        buf.extend_from_slice(b",\"path\":");
+        json_str(buf, &self.path);
+        buf.extend_from_slice(b",\"status\":");
+        json_u64(buf, self.status.into());
+        buf.extend_from_slice(b",\"injected\":[");
+        for (i, inj) in self.injected.iter().enumerate() {
+            if i > 0 {
+                buf.push(b',');
+            }
+            buf.extend_from_slice(b"{\"secret\":");
+            json_str(buf, &inj.secret);
+            buf.extend_from_slice(b",\"location\":");
+            json_str(buf, inj.location);
+            buf.push(b'}');
+        }
+        buf.push(b']');
+        if let Some(blocked) = self.blocked {
+            buf.extend_from_slice(b",\"blocked\":");
+            json_str(buf, blocked);
+        }
+        if let Some(secret) = &self.blocked_secret {
+            buf.extend_from_slice(b",\"blocked_secret\":");
+            json_str(buf, secret);
+        }
+        if let Some(error) = self.error {
+            buf.extend_from_slice(b",\"error\":");
+            json_str(buf, error);
+        }
+        buf.extend_from_slice(b",\"bytes_up\":");
+        json_u64(buf, self.bytes_up);
+        buf.extend_from_slice(b",\"bytes_down\":");
+        json_u64(buf, self.bytes_down);
+        buf.extend_from_slice(b",\"duration_us\":");
+        json_u64(buf, self.duration_us);
+    }
+}
+
 /// `path?a=1&b=2` → `path?a=&b=`.
 pub(crate) fn path_without_query_values(pq: &str) -> String {
     match pq.split_once('?') {
@@ -131,19 +196,14 @@ fn log(event: &AuditEvent) {
         return;
     }
     if let Some(out) = LINES.get() {
-        // The log's envelope, then the event's own fields (its object without the opening brace).
+        // The log's envelope, then the event's own fields.
         let mut buf = Vec::with_capacity(512);
         buf.extend_from_slice(b"{\"timestamp\":");
-        if serde_json::to_writer(&mut buf, &event.time).is_err() {
-            return;
-        }
+        json_str(&mut buf, &event.time);
         buf.extend_from_slice(br#","level":"INFO","target":"audit","message":"audit","#);
-        let fields = buf.len();
-        if serde_json::to_writer(&mut buf, event).is_ok() {
-            buf.remove(fields); // the event's `{`
-            buf.push(b'\n');
-            out.append(&buf);
-        }
+        event.write_fields(&mut buf);
+        buf.extend_from_slice(b"}\n");
+        out.append(&buf);
         return;
     }
     let injected = serde_json::to_string(&event.injected).unwrap_or_default();
@@ -218,6 +278,56 @@ impl AuditLog {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    fn event(blocked: bool) -> AuditEvent {
+        AuditEvent {
+            run: "0123abcd".into(),
+            seq: 7,
+            time: "2026-12-03T12:00:00.123456789Z".into(),
+            method: "POST".into(),
+            host: "api.anthropic.com".into(),
+            port: 443,
+            path: "/v1/\"odd\"\\path\u{1}\u{e9}?key=".into(),
+            status: if blocked { 403 } else { 200 },
+            injected: if blocked {
+                vec![]
+            } else {
+                vec![
+                    Injected {
+                        secret: "ANTHROPIC_API_KEY".into(),
+                        location: "header",
+                    },
+                    Injected {
+                        secret: "B".into(),
+                        location: "body",
+                    },
+                ]
+            },
+            blocked: blocked.then_some("stub-exfiltration"),
+            blocked_secret: blocked.then(|| "GITHUB_TOKEN".to_owned()),
+            error: blocked.then_some("bad-request"),
+            bytes_up: 12,
+            bytes_down: u64::MAX,
+            duration_us: 0,
+        }
+    }
+
+    #[test]
+    fn the_log_lines_fields_are_what_serde_writes() {
+        for blocked in [false, true] {
+            let e = event(blocked);
+            let mut fields = Vec::new();
+            e.write_fields(&mut fields);
+            let mut line = b"{".to_vec();
+            line.extend_from_slice(&fields);
+            line.push(b'}');
+            assert_eq!(
+                String::from_utf8(line).expect("utf-8"),
+                serde_json::to_string(&e).expect("serde"),
+                "blocked: {blocked}"
+            );
+        }
+    }
 
     #[test]
     fn query_values_are_dropped() {

@@ -143,11 +143,7 @@ impl Metrics {
     /// One request answered with `status` (`vault_requests_total{mode, class}`).
     pub(crate) fn count_request(&self, mode: &'static str, status: u16) {
         let class = status_class(status);
-        let series = || {
-            self.requests
-                .get_or_create(&RequestLabels { mode, class })
-                .clone()
-        };
+        let series = || self.requests.get_or_create(&RequestLabels { mode, class }).clone();
         let slot = MODES.iter().position(|m| *m == mode).and_then(|m| {
             let c = CLASSES.iter().position(|c| *c == class)?;
             Some(&self.request_counters[m][c])
@@ -208,9 +204,21 @@ mod tests {
         m.count_request("intercepted", 502);
         m.count_request("some-other-mode", 200);
         let text = m.encode();
-        assert!(text.contains(r#"vault_requests_total{mode="intercepted",class="2xx"} 2"#), "{text}");
-        assert!(text.contains(r#"vault_requests_total{mode="intercepted",class="5xx"} 1"#), "{text}");
-        assert!(text.contains(r#"vault_requests_total{mode="some-other-mode",class="2xx"} 1"#), "{text}");
-        assert!(!text.contains(r#"class="4xx""#), "a series appears only once counted: {text}");
+        assert!(
+            text.contains(r#"vault_requests_total{mode="intercepted",class="2xx"} 2"#),
+            "{text}"
+        );
+        assert!(
+            text.contains(r#"vault_requests_total{mode="intercepted",class="5xx"} 1"#),
+            "{text}"
+        );
+        assert!(
+            text.contains(r#"vault_requests_total{mode="some-other-mode",class="2xx"} 1"#),
+            "{text}"
+        );
+        assert!(
+            !text.contains(r#"class="4xx""#),
+            "a series appears only once counted: {text}"
+        );
     }
 }

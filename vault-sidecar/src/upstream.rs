@@ -102,7 +102,9 @@ impl UpstreamError {
         };
         matches!(
             source.get_ref().and_then(|e| e.downcast_ref::<rustls::Error>()),
-            Some(rustls::Error::AlertReceived(rustls::AlertDescription::NoApplicationProtocol))
+            Some(rustls::Error::AlertReceived(
+                rustls::AlertDescription::NoApplicationProtocol
+            ))
         )
     }
 
@@ -460,7 +462,13 @@ impl Upstreams {
                 .http2_adaptive_window(true)
                 // As on the client side (intercept.rs): one TLS record per small request.
                 .http1_writev(false)
-                .build(Connector::new(resolver.clone(), roots.clone(), alpn, fallback, connects.clone()))
+                .build(Connector::new(
+                    resolver.clone(),
+                    roots.clone(),
+                    alpn,
+                    fallback,
+                    connects.clone(),
+                ))
         };
         Self {
             h2_or_h1: build(&[b"h2", b"http/1.1"], None),

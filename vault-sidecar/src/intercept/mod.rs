@@ -181,8 +181,8 @@ impl Tunnel {
         // one with a body goes over h2 where it can: an upstream that answers early (a 401 before
         // reading an upload) and closes an HTTP/1.1 connection can lose that answer to the reset
         // its unread body causes, where h2 resets the stream only (K08, RFC 9113 §8.1).
-        let bodiless_h1 = req.version() <= http::Version::HTTP_11
-            && hyper::body::Body::size_hint(req.body()).exact() == Some(0);
+        let bodiless_h1 =
+            req.version() <= http::Version::HTTP_11 && hyper::body::Body::size_hint(req.body()).exact() == Some(0);
         let client_upgrade = upgrade.then(|| hyper::upgrade::on(&mut req));
         let (mut parts, body) = req.into_parts();
         let body = crate::body::DrainOnDrop::new(body);
