@@ -47,7 +47,20 @@ pub(crate) fn authority_matches(parts: &request::Parts, target: &Target) -> bool
             None => return parts.version < Version::HTTP_11,
         },
     };
-    authority.port_u16().is_none_or(|p| p == target.port) && host_matches(authority.host(), &target.host)
+    port_names(authority.as_str(), target.port) && host_matches(authority.host(), &target.host)
+}
+
+/// An authority's port (RFC 3986 §3.2.3) is absent, empty (the scheme's default) or `port`. A
+/// port that is not a number (`host:-443`) names nothing: `Authority::port_u16` would read it
+/// as absent.
+fn port_names(authority: &str, port: u16) -> bool {
+    if authority.ends_with(']') {
+        return true; // `[v6]` without a port
+    }
+    match authority.rsplit_once(':') {
+        None | Some((_, "")) => true,
+        Some((_, p)) => p.parse::<u16>().is_ok_and(|p| p == port),
+    }
 }
 
 /// `host` (as written in a request) names `target`. The common case, the name exactly as the
@@ -329,8 +342,21 @@ mod tests {
             "api.anthropic.com:443:443",
             "evil.example:443",
             "api.anthropic.com.evil.example:443",
+            "api.anthropic.com:-443",
+            "api.anthropic.com:443x",
             ":443",
         ] {
+            assert!(!authority_matches(&request("/", &[("host", other)]), &t), "{other}");
+        }
+    }
+
+    #[test]
+    fn an_ipv6_target_is_named_with_or_without_its_port() {
+        let t = target("::1");
+        for same in ["[::1]", "[::1]:443", "[::1]:"] {
+            assert!(authority_matches(&request("/", &[("host", same)]), &t), "{same}");
+        }
+        for other in ["[::1]:8443", "[::2]:443", "[::1]:x"] {
             assert!(!authority_matches(&request("/", &[("host", other)]), &t), "{other}");
         }
     }
