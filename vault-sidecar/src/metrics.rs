@@ -30,12 +30,12 @@ pub(crate) struct ErrorLabels {
     pub kind: &'static str,
 }
 
-/// All metrics of one sidecar.
 /// The `mode` labels of `vault_requests_total`, in the order of [`Metrics::request_counters`].
 pub(crate) const MODES: [&str; 3] = ["intercepted", "forwarded", "tunnel"];
-/// The `class` labels, in the same order.
+/// The `class` labels, by [`class_index`].
 const CLASSES: [&str; 5] = ["1xx", "2xx", "3xx", "4xx", "5xx"];
 
+/// All metrics of one sidecar.
 pub(crate) struct Metrics {
     pub registry: Registry,
     pub requests: Family<RequestLabels, Counter>,
@@ -142,13 +142,20 @@ impl Default for Metrics {
 impl Metrics {
     /// One request answered with `status` (`vault_requests_total{mode, class}`).
     pub(crate) fn count_request(&self, mode: &'static str, status: u16) {
-        let class = status_class(status);
-        let series = || self.requests.get_or_create(&RequestLabels { mode, class }).clone();
-        let slot = MODES.iter().position(|m| *m == mode).and_then(|m| {
-            let c = CLASSES.iter().position(|c| *c == class)?;
-            Some(&self.request_counters[m][c])
-        });
-        match slot {
+        let class = class_index(status);
+        let series = || {
+            self.requests
+                .get_or_create(&RequestLabels {
+                    mode,
+                    class: CLASSES[class],
+                })
+                .clone()
+        };
+        match MODES
+            .iter()
+            .position(|m| *m == mode)
+            .map(|m| &self.request_counters[m][class])
+        {
             Some(slot) => slot.get_or_init(series).inc(),
             None => series().inc(),
         };
@@ -173,15 +180,9 @@ impl Metrics {
     }
 }
 
-/// `2xx` etc. for a status code.
-pub(crate) fn status_class(status: u16) -> &'static str {
-    match status / 100 {
-        1 => "1xx",
-        2 => "2xx",
-        3 => "3xx",
-        4 => "4xx",
-        _ => "5xx",
-    }
+/// A status's class as an index into [`CLASSES`] (`1xx` is 0; anything past `4xx` is `5xx`).
+fn class_index(status: u16) -> usize {
+    usize::from((status / 100).clamp(1, 5) - 1)
 }
 
 #[cfg(test)]
@@ -193,6 +194,20 @@ mod tests {
     fn every_mode_has_its_cached_series() {
         for mode in [Mode::Intercepted, Mode::Forwarded, Mode::Tunnel] {
             assert!(MODES.contains(&mode.as_str()), "{}", mode.as_str());
+        }
+    }
+
+    #[test]
+    fn status_classes() {
+        for (status, class) in [
+            (100, "1xx"),
+            (204, "2xx"),
+            (304, "3xx"),
+            (421, "4xx"),
+            (502, "5xx"),
+            (999, "5xx"),
+        ] {
+            assert_eq!(CLASSES[class_index(status)], class, "{status}");
         }
     }
 

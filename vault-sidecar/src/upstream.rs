@@ -297,14 +297,13 @@ impl Connector {
             TargetHost::Ip(ip) => ServerName::IpAddress((*ip).into()),
             TargetHost::Name(n) => ServerName::try_from(n.clone()).map_err(|_| UpstreamError::BadName(n.clone()))?,
         };
-        let tls = match handshake(&self.tls, &host, name.clone(), tcp).await {
-            Err(e) if e.refused_alpn() && self.fallback.is_some() => {
+        let tls = match (handshake(&self.tls, &host, name.clone(), tcp).await, &self.fallback) {
+            (Err(e), Some(fallback)) if e.refused_alpn() => {
                 let tcp = self.resolver.connect(&host, port).await?;
                 self.connects.inc();
-                let fallback = self.fallback.as_ref().expect("checked above");
                 handshake(fallback, &host, name, tcp).await?
             }
-            other => other?,
+            (tls, _) => tls?,
         };
         let h2 = tls.get_ref().1.alpn_protocol() == Some(b"h2");
         Ok(UpstreamIo::Tls {

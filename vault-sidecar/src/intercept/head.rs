@@ -18,13 +18,9 @@ pub(crate) fn authority_matches(parts: &request::Parts, target: &Target) -> bool
     // The common case first, without parsing: `Host: name:port` exactly as the CONNECT target.
     if parts.uri.authority().is_none() {
         if let (Some(host), TargetHost::Name(name)) = (parts.headers.get(header::HOST), &target.host) {
-            let named = host
-                .to_str()
-                .ok()
-                .and_then(|h| h.rsplit_once(':'))
-                .is_some_and(|(h, port)| {
-                    h.eq_ignore_ascii_case(name) && port.parse::<u16>().is_ok_and(|p| p == target.port)
-                });
+            let named = host.to_str().ok().is_some_and(|h| {
+                h.rsplit_once(':').is_some_and(|(h, _)| h.eq_ignore_ascii_case(name)) && port_names(h, target.port)
+            });
             if named {
                 return true;
             }
